@@ -1,0 +1,15 @@
+"""magpie: recurring, lease-based health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies ("routes").
+
+``celery -A magpie worker`` finds the Celery application through the ``celery`` attribute
+below (loaded lazily so that importing :mod:`magpie` stays cheap for the CLI and tests).
+"""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    if name in ("celery", "app"):
+        from magpie.celery_app import app
+
+        return app
+    raise AttributeError(name)

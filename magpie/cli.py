@@ -1,0 +1,243 @@
+"""The ``magpie`` command line (also ``python -m magpie``). Read commands take ``--json``.
+
+Errors a user can fix (bad config value, unreadable file, unreachable service) exit with status 2 and
+a one-line message naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from magpie.config import ConfigError, get_settings
+
+console = Console()
+
+
+def _settings():
+    try:
+        return get_settings()
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _emit_json(obj) -> None:
+    click.echo(json.dumps(obj, default=str))
+
+
+@click.group()
+@click.version_option(package_name="magpie")
+def main() -> None:
+    """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
+
+
+# -- db ---------------------------------------------------------------------------------------------
+@main.group()
+def db() -> None:
+    """PostgreSQL schema (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+def db_upgrade(revision: str) -> None:
+    """Create the database if missing and migrate it to REVISION."""
+    from magpie.db.migrate import current_revision, ensure_database, upgrade
+
+    url = _settings().database_url
+    try:
+        ensure_database(url)
+        upgrade(url, revision)
+    except Exception as exc:  # noqa: BLE001 - report any connection/migration failure plainly
+        raise click.ClickException(f"database upgrade failed ({_safe_url(url)}): {exc}") from None
+    click.echo(f"database at revision {current_revision(url)}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+# -- import -----------------------------------------------------------------------------------------
+@main.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--workspace", "-w", required=True, help="Workspace that will own the routes.")
+@click.option("--protocol", default="http", show_default=True,
+              type=click.Choice(["http", "https", "socks4", "socks5"]), help="For lines with no scheme.")
+@click.option("--dry-run", is_flag=True, help="Parse and report without storing anything.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def import_cmd(file: str, workspace: str, protocol: str, dry_run: bool, as_json: bool) -> None:
+    """Import the proxy list FILE into a workspace and schedule its routes."""
+    from magpie.importer.service import import_file
+
+    settings = _settings()
+    progress_cb = None
+    prog = None
+    if not as_json and sys.stdout.isatty():
+        from rich.progress import Progress
+
+        prog = Progress(console=console, transient=True)
+        task = prog.add_task("importing", total=None)
+        prog.start()
+
+        def progress_cb(done, total):
+            prog.update(task, completed=done, total=total)
+
+    try:
+        report = import_file(file, workspace, settings, protocol=protocol, dry_run=dry_run, progress=progress_cb)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - storage down: nothing half-written survives a retry
+        raise click.ClickException(f"import failed: {exc.__class__.__name__}: {exc}") from None
+    finally:
+        if prog:
+            prog.stop()
+    if as_json:
+        _emit_json(report.as_json())
+        return
+    verb = "would import" if dry_run else "imported"
+    click.echo(f"{verb} {report.imported if not dry_run else report.valid} routes into '{workspace}': "
+               f"valid={report.valid} duplicates={report.duplicates} skipped={report.skipped} "
+               f"invalid={len(report.invalid)}")
+    for bad in report.invalid[:50]:
+        click.echo(f"  line {bad['line']}: {bad['reason']}", err=True)
+    if len(report.invalid) > 50:
+        click.echo(f"  ... and {len(report.invalid) - 50} more (use --json for all)", err=True)
+
+
+# -- status / routes --------------------------------------------------------------------------------
+def _fmt_ms(ms):
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%H:%M:%S")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+def status(as_json: bool) -> None:
+    """Per-shard schedule state: scheduled, leased, due now, next due, oldest lateness (s)."""
+    from magpie.queue import RouteQueue
+
+    try:
+        st = RouteQueue.from_settings(_settings()).status()
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(f"cannot read the schedule from Redis: {exc}") from None
+    if as_json:
+        _emit_json(st)
+        return
+    t = Table(title="route schedule")
+    for col in ("shard", "scheduled", "leased", "expired leases", "due now", "next due (UTC)", "lateness s"):
+        t.add_column(col, justify="right" if col != "shard" else "left")
+    for s in st["shards"]:
+        t.add_row(s["shard"].rsplit(":", 1)[-1], str(s["scheduled"]), str(s["leased"]), str(s["expired_leases"]),
+                  str(s["due_now"]), _fmt_ms(s["next_due_ms"]), f"{s['oldest_lateness_s']:.1f}")
+    tot = st["totals"]
+    t.add_row("all", str(tot["scheduled"]), str(tot["leased"]), str(tot["expired_leases"]), str(tot["due_now"]),
+              _fmt_ms(tot["next_due_ms"]), f"{tot['oldest_lateness_s']:.1f}", style="bold")
+    console.print(t)
+
+
+def health_table(rows, title="route health") -> Table:
+    """Rich table of :func:`magpie.db.repo.latest_health` rows."""
+    t = Table(title=title)
+    for col in ("route", "protocol", "alive", "latency ms", "anonymity", "status", "checks", "last checked"):
+        t.add_column(col)
+    for r in rows:
+        alive = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[r["alive"]]
+        user = f"{r['username']}@" if r.get("username") else ""
+        host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
+        t.add_row(f"{user}{host}:{r['port']}", r["protocol"], alive,
+                  f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-",
+                  r["anonymity"] or "-", str(r["status"] or r.get("error") or "-"), str(r["checks_total"] or 0),
+                  r["last_checked_at"].strftime("%H:%M:%S") if r["last_checked_at"] else "-")
+    return t
+
+
+@main.command()
+@click.option("--workspace", "-w", default=None, help="Only this workspace's routes.")
+@click.option("--json", "as_json", is_flag=True)
+def routes(workspace: str | None, as_json: bool) -> None:
+    """Latest health of each route (from PostgreSQL)."""
+    from magpie.crypto import get_keyring
+    from magpie.db.repo import latest_health
+    from magpie.db.session import get_engine
+
+    s = _settings()
+    try:
+        rows = latest_health(get_engine(s.database_url), workspace, keyring=get_keyring(s.encryption_key))
+    except Exception as exc:  # noqa: BLE001
+        raise click.ClickException(f"cannot read route health from PostgreSQL: {exc}") from None
+    if as_json:
+        _emit_json(rows)
+        return
+    console.print(health_table(rows))
+
+
+# -- one-shot check, judge, lab ---------------------------------------------------------------------
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--protocol", default="http", show_default=True,
+              type=click.Choice(["http", "https", "socks4", "socks5"]))
+@click.option("--judge", "judge_url", default=None, help="Judge URL (default MAGPIE_JUDGE_URL).")
+@click.option("--timeout", default=None, type=float, help="Per-attempt timeout, seconds.")
+@click.option("--concurrency", default=16, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
+    """Check every route of FILE once, now, with no Redis or PostgreSQL."""
+    from magpie.checker import Checker, check_many
+    from magpie.importer.parse import parse_file
+
+    s = _settings()
+    parsed = parse_file(file, default_protocol=protocol)
+    checker = Checker(judge_url or s.judge_url, timeout=timeout or s.check_timeout, attempts=s.check_attempts,
+                      body_cap=s.body_cap)
+    if checker.learn_own_address() is None:
+        click.echo(f"warning: judge {checker.judge_url} unreachable directly; anonymity will not be claimed",
+                   err=True)
+    results = check_many(parsed.routes, checker, concurrency=concurrency)
+    rows = []
+    for route, res in zip(parsed.routes, results):
+        rows.append({"route": route.display(), "protocol": route.protocol, "alive": res.alive,
+                     "latency_ms": res.latency_ms, "status": res.status, "attempts": res.attempts,
+                     "error": res.error, "anonymity": res.anonymity})
+    if as_json:
+        _emit_json({"results": rows, "invalid": [{"line": x.line, "reason": x.reason} for x in parsed.invalid]})
+        return
+    t = Table(title=f"one-shot check ({len(rows)} routes)")
+    for col in ("route", "alive", "latency ms", "anonymity", "error"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["route"], "[green]yes[/]" if r["alive"] else "[red]no[/]",
+                  f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-", r["anonymity"] or "-",
+                  r["error"] or "")
+    console.print(t)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8899, show_default=True)
+def judge(host: str, port: int) -> None:
+    """Serve a judge: an echo endpoint returning the request's headers and remote address as JSON."""
+    from magpie.checker.judge import run_judge
+
+    click.echo(f"judge listening on http://{host}:{port}/")
+    run_judge(host, port)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def lab(ctx) -> None:
+    """Start the local lab (judge and real proxy servers on 127.0.0.x) until stopped; see --help of
+    ``python -m magpie.lab`` for options (--base-port, --list-file, ...)."""
+    from magpie.lab.lab import main as lab_main
+
+    sys.exit(lab_main(list(ctx.args)) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

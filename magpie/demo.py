@@ -1,0 +1,160 @@
+"""``make demo``: the main job end to end on this machine, then a health table.
+
+Starts the lab (a judge and real proxy servers on 127.0.0.x), migrates a demo database, imports the
+lab's proxy list, runs a Celery worker pair and beat from the Procfile (via honcho) at a short check
+interval until every route was checked at least twice, prints the health table next to what the lab
+intends, and stops everything it started. Exit status 0 when every route matches the lab's intent.
+
+Uses its own Redis key prefix (``magpie-demo:``), broker database and PostgreSQL database
+(``magpie_demo``), all reset at start, so it never touches a real deployment's data.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / ".demo"
+DEMO_ENV = {
+    "MAGPIE_REDIS_URL": "redis://127.0.0.1:6379/0",
+    "MAGPIE_REDIS_PREFIX": "magpie-demo:",
+    "MAGPIE_BROKER_URL": "redis://127.0.0.1:6379/2",
+    "MAGPIE_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/magpie_demo",
+    "MAGPIE_CHECK_INTERVAL": "8",
+    "MAGPIE_CHECK_TIMEOUT": "6",
+    "MAGPIE_LEASE_SECONDS": "60",
+    "MAGPIE_RENEW_BELOW_SECONDS": "20",
+    "MAGPIE_CHECK_CONCURRENCY": "2",
+    "MAGPIE_BEAT_SCHEDULE_FILE": str(STATE / "celerybeat-schedule"),
+    "MAGPIE_LOG_LEVEL": "warning",
+}
+CHECKS_WANTED = 2
+DEADLINE_S = 150
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def _reset(settings) -> None:
+    import redis
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    r = redis.Redis.from_url(settings.redis_url)
+    for pattern in (settings.redis_prefix + "*", "*" + settings.redis_prefix + "*"):
+        keys = list(r.scan_iter(match=pattern, count=1000))
+        if keys:
+            r.delete(*keys)
+    b = redis.Redis.from_url(settings.broker_url)
+    b.flushdb()  # the demo's own broker database
+    url = make_url(settings.database_url)
+    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                  {"n": url.database})
+        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}"'))
+    admin.dispose()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=25)
+    except (subprocess.TimeoutExpired, ProcessLookupError):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def main() -> int:
+    os.environ.update(DEMO_ENV)
+    STATE.mkdir(exist_ok=True)
+    from magpie.lab.lab import Lab
+
+    with Lab() as lab:
+        os.environ["MAGPIE_JUDGE_URL"] = lab.judge_url
+        from magpie.cli import health_table
+        from magpie.config import get_settings
+        from magpie.crypto import get_keyring
+        from magpie.db.migrate import ensure_database, upgrade
+        from magpie.db.repo import latest_health
+        from magpie.db.session import get_engine
+        from magpie.importer.service import import_file
+
+        settings = get_settings()
+        _say(f"lab up: judge {lab.judge_url}, {len(lab.proxies)} routes")
+        _reset(settings)
+        ensure_database(settings.database_url)
+        upgrade(settings.database_url)
+        _say("database migrated")
+        list_file = STATE / "lab-proxies.txt"
+        lab.write_list(list_file)
+        rep = import_file(list_file, "demo", settings)
+        _say(f"imported {rep.imported} routes from {list_file} (invalid: {len(rep.invalid)})")
+
+        env = dict(os.environ)
+        env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+        log = open(STATE / "celery.log", "w")
+        honcho = subprocess.Popen(
+            [sys.executable, "-m", "honcho", "-f", str(ROOT / "Procfile"), "start", "worker-checks", "worker-jobs",
+             "beat"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        _say(f"celery worker-checks, worker-jobs and beat started (log: {STATE / 'celery.log'})")
+        engine = get_engine(settings.database_url)
+        keyring = get_keyring(settings.encryption_key)
+        rows = []
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < DEADLINE_S:
+                time.sleep(2)
+                if honcho.poll() is not None:
+                    _say("the Celery processes exited early; see the log")
+                    break
+                rows = latest_health(engine, "demo", keyring=keyring)
+                done = sum(1 for r in rows if (r["checks_total"] or 0) >= CHECKS_WANTED)
+                print(f"\r[demo] routes checked {CHECKS_WANTED}+ times: {done}/{len(rows)}  "
+                      f"({time.monotonic() - t0:.0f}s)", end="", flush=True)
+                if rows and done == len(rows):
+                    break
+            print()
+        finally:
+            _stop(honcho)
+            log.close()
+            _say("celery processes stopped")
+        rows = latest_health(engine, "demo", keyring=keyring)
+        from rich.console import Console
+
+        Console().print(health_table(rows, title="magpie demo: route health"))
+        expected = {(p.route.host, p.route.port): p for p in lab.proxies}
+        bad = []
+        for r in rows:
+            p = expected.get((r["host"], r["port"]))
+            if p is None:
+                continue
+            ok = (r["checks_total"] or 0) >= CHECKS_WANTED and r["alive"] == p.expect_alive and (
+                r["anonymity"] == p.expect_anonymity)
+            if not ok:
+                bad.append(f"{p.name}: got alive={r['alive']} anonymity={r['anonymity']} checks={r['checks_total']}"
+                           f", lab intends alive={p.expect_alive} anonymity={p.expect_anonymity}")
+        engine.dispose()
+    _say("lab stopped")
+    if bad or len(rows) != len(expected):
+        _say("MISMATCH with the lab's intent:\n  " + "\n  ".join(bad or ["missing routes"]))
+        return 1
+    _say(f"every route checked at least {CHECKS_WANTED} times and matches what the lab intends")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Key names of one route schedule and the shard function (DESIGN.md, "The route schedule").
+
+Every key of a schedule shares one Redis Cluster hash tag, ``{<name>}``, so a schedule can live on a single
+cluster node later and several schedules on several nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FNV_OFFSET = 0x811C9DC5
+FNV_PRIME = 0x01000193
+
+
+def fnv1a_32(data: bytes) -> int:
+    """FNV-1a 32-bit hash of ``data`` (int in 0..2**32-1)."""
+    h = FNV_OFFSET
+    for b in data:
+        h = ((h ^ b) * FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+@dataclass(frozen=True)
+class QueueKeys:
+    """Key names for schedule ``name`` under ``prefix`` with ``shards`` shards (1..128).
+
+    Raises ``ValueError`` when ``shards`` is out of range.
+    """
+
+    prefix: str
+    shards: int = 16
+    name: str = "default"
+
+    def __post_init__(self):
+        if not 1 <= self.shards <= 128:
+            raise ValueError(f"PROXY_QUEUE_SHARDS must be within 1..128, got {self.shards}")
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}{{{self.name}}}:"
+
+    @property
+    def payload_prefix(self) -> str:
+        """Prefix of payload keys; the payload of route hash ``h`` is at ``payload_prefix + h``."""
+        return self.base + "proxy:"
+
+    def payload(self, route_hash: str) -> str:
+        return self.payload_prefix + route_hash
+
+    def shard(self, n: int) -> str:
+        return f"{self.base}proxy_queue:{n}"
+
+    def shard_of(self, route_hash: str) -> str:
+        """Shard key of a route: FNV-1a 32 of the hash modulo the shard count."""
+        return self.shard(fnv1a_32(route_hash.encode()) % self.shards)
+
+    def all_shards(self) -> list[str]:
+        return [self.shard(n) for n in range(self.shards)]
+
+    @property
+    def heads(self) -> str:
+        return self.base + "proxy_queue_heads"
+
+    @property
+    def leased(self) -> str:
+        """Lease index: member -> lease score of every lease handed out and not yet completed."""
+        return self.base + "proxy_leased"
+
+    @property
+    def dead(self) -> str:
+        return self.base + "proxy_dead"

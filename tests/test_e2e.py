@@ -1,0 +1,105 @@
+"""End to end: a real Celery worker and beat (subprocesses) check the lab's real proxies on loopback,
+and the results land in PostgreSQL through the Redis Stream."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from magpie.crypto import get_keyring
+from magpie.db.repo import latest_health
+from magpie.importer.service import import_file
+from magpie.lab.lab import Lab
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.e2e
+
+
+def free_block(n: int) -> int:
+    """First port of ``n`` consecutive free ports on 127.0.0.x (best effort)."""
+    import random
+
+    for _ in range(200):
+        base = random.randint(21000, 39000)
+        try:
+            socks = []
+            for p in range(base - 1, base + n + 1):
+                s = socket.socket()
+                s.bind(("127.0.0.1", p))
+                socks.append(s)
+            for s in socks:
+                s.close()
+            return base
+        except OSError:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port block")
+
+
+def spawn(args, env, log):
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path):
+    with Lab(base_port=free_block(12), slow_delay=1.0) as lab:
+        env = dict(os.environ)
+        env.update({
+            "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
+            "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
+            "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
+            "MAGPIE_JUDGE_URL": lab.judge_url, "MAGPIE_CHECK_INTERVAL": "3", "MAGPIE_CHECK_TIMEOUT": "4",
+            "MAGPIE_LEASE_SECONDS": "30", "MAGPIE_RENEW_BELOW_SECONDS": "10",
+        })
+        lst = tmp_path / "lab.txt"
+        lab.write_list(lst)
+        rep = import_file(lst, "e2e", settings)
+        assert rep.imported == len(lab.proxies) and not rep.invalid
+        log = open(tmp_path / "celery.log", "w")
+        procs = [
+            spawn(["worker", "-Q", "promote,checks,stats", "-n", f"e2e-{redis_prefix}@%h", "--concurrency=2",
+                   "--loglevel=warning", "--without-mingle", "--without-gossip"], env, log),
+            spawn(["beat", "--loglevel=warning", f"--schedule={tmp_path / 'beat'}"], env, log),
+        ]
+        rows = []
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                assert all(p.poll() is None for p in procs), (tmp_path / "celery.log").read_text()[-3000:]
+                rows = latest_health(db, "e2e", keyring=get_keyring(settings.encryption_key))
+                if rows and all((r["checks_total"] or 0) >= 2 for r in rows):
+                    break
+        finally:
+            for p in procs:
+                stop(p)
+            log.close()
+        expected = {(p.route.host, p.route.port): p for p in lab.proxies}
+        assert len(rows) == len(expected)
+        for r in rows:
+            p = expected[(r["host"], r["port"])]
+            assert r["checks_total"] >= 2, (p.name, r, (tmp_path / "celery.log").read_text()[-3000:])
+            assert r["alive"] == p.expect_alive, (p.name, r)
+            assert r["anonymity"] == p.expect_anonymity, (p.name, r)
+        with db.connect() as c:
+            import sqlalchemy as sa
+
+            n = c.execute(sa.text("SELECT count(*) FROM check_history")).scalar()
+        assert n >= 2 * len(expected)
