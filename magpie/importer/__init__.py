@@ -1,0 +1,1 @@
+"""Importing proxy lists: parsing published list formats into routes."""

@@ -1,0 +1,341 @@
+"""Parse the proxy lists people publish and trade into :class:`~magpie.routes.Route` values.
+
+Address forms (the first column of a line)::
+
+    host:port                         user:pass@host:port          user@host:port (password None)
+    host:port:user:pass               scheme://host:port           scheme://user:pass@host:port
+
+``scheme`` is ``http``, ``https``, ``socks4``, ``socks5`` in any case; ``socks4a`` is read as ``socks4`` and
+``socks5h`` as ``socks5``. One trailing ``/`` after a scheme form is allowed. Credentials in the scheme and
+``user:pass@`` forms are percent-decoded; the ``host:port:user:pass`` form is taken literally. Hosts are IPv4,
+bracketed IPv6 (``[2001:db8::1]:8080``, in every form) or host names, normalised by
+:func:`magpie.routes.normalize_host`; an unbracketed IPv6 address is refused as ambiguous. The ``:user:pass``
+suffix is also read after a scheme form without ``@``. A line without a scheme takes ``default_protocol``.
+
+Columns: the first column ends at the first whitespace, ``;`` or ``,``; everything after it (country codes,
+latency, ``# comments``) is ignored. Credentials that contain whitespace, ``;`` or ``,`` must therefore be
+percent-encoded in a scheme or ``user:pass@`` form.
+
+How a line is classified
+------------------------
+1. Blank, or starting with ``#`` or ``//`` (after whitespace), or with an empty first column (e.g. ``;x``):
+   **skipped**.
+2. The first column parses as an address: a **route** (or a **duplicate** of an earlier route of the input).
+3. Otherwise the line is **malformed** if its first column *looks like an address attempt*, else it is
+   header/footer prose and **skipped**. A first column looks like an address attempt when
+
+   a. it contains ``://`` or ``@``; or
+   b. it starts with ``[`` and has a ``:`` before any ``]`` (a bracketed IPv6 attempt); or
+   c. it has host:port shape: the text after its first ``:`` starts with a digit; or
+   d. the text before its first ``:`` is four dot-separated digit groups (IPv4-like, e.g. ``999.1.1.1``),
+      or the whole column is hex digits, dots and at least two colons (a bare IPv6 attempt); or
+   e. it is the only column on the line and the text before its first ``:`` has a ``.`` between word
+      characters (``proxy.example.net`` alone: "missing port").
+
+   So ``Free proxy list - updated hourly``, ``Total: 300 proxies``, ``IP address  Port  Country``,
+   ``--- end ---`` and ``Support us at https://...`` are prose, while ``1.2.3.4``, ``1.2.3.4 elite``,
+   ``ftp://1.2.3.4:21`` and ``host:99999`` are malformed. A prose line that happens to parse (``Total:300``)
+   is read as an address: rule 2 comes first.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from urllib.parse import unquote
+
+from magpie.routes import PROTOCOLS, Route, normalize_host
+
+__all__ = ["InvalidLine", "ParseError", "ParseResult", "parse_file", "parse_line", "parse_lines"]
+
+_SCHEMES = {
+    "http": "http",
+    "https": "https",
+    "socks4": "socks4",
+    "socks4a": "socks4",
+    "socks5": "socks5",
+    "socks5h": "socks5",
+}
+
+_FIRST_COLUMN = re.compile(r"[^\s;,]*")
+_BRACKET_ATTEMPT = re.compile(r"\[[^\]]*:")
+_IPV4_LIKE = re.compile(r"[0-9]+(?:\.[0-9]+){3}")
+_HEX_COLON = re.compile(r"[0-9A-Fa-f:.]+")
+_DOTTED = re.compile(r"\w\.+\w")
+
+# Fast paths for hosts already in the form normalize_host returns (it is slow: ipaddress raises for names).
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_CANONICAL_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+_LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+_CANONICAL_NAME = re.compile(rf"(?=.{{1,253}}\Z)(?=.*[a-z_-]){_LABEL}(?:\.{_LABEL})*")
+_HEX_COLON_ONLY = re.compile(r"[0-9A-Fa-f:]+")
+
+_MAX_TEXT = 300  # InvalidLine.text is clipped to this many characters
+_MAX_TOKEN = 40  # tokens quoted in a reason are clipped to this many characters
+
+
+class ParseError(ValueError):
+    """A line that tries to be an address but is malformed.
+
+    Attributes:
+        reason: short human text, e.g. ``"bad port '99999'"``; also ``str(error)``.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class InvalidLine:
+    """A malformed line: ``line`` is 1-based, ``text`` the stripped line (clipped to 300 characters)."""
+
+    line: int
+    reason: str
+    text: str
+
+
+@dataclass
+class ParseResult:
+    """Outcome of parsing one list.
+
+    Attributes:
+        routes: unique routes in input order (the first occurrence wins).
+        duplicates: good lines whose route equals an earlier good line's route.
+        skipped: blank, comment and prose lines.
+        invalid: malformed lines, in input order.
+    """
+
+    routes: list[Route] = field(default_factory=list)
+    duplicates: int = 0
+    skipped: int = 0
+    invalid: list[InvalidLine] = field(default_factory=list)
+
+    @property
+    def valid(self) -> int:
+        """Number of unique routes (``len(routes)``)."""
+        return len(self.routes)
+
+
+def _check_protocol(protocol: str) -> None:
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"default_protocol {protocol!r} is not one of {', '.join(PROTOCOLS)}")
+
+
+def _short(token: str) -> str:
+    return token if len(token) <= _MAX_TOKEN else token[: _MAX_TOKEN - 1] + "…"
+
+
+def _is_bare_ipv6(hostport: str) -> bool:
+    # the whole text, or the text minus a trailing ':port', is an IPv6 address
+    for candidate in (hostport, hostport.rpartition(":")[0]):
+        try:
+            ipaddress.IPv6Address(candidate)
+            return True
+        except ValueError:
+            pass
+    return False
+
+
+def _normalize_host(host: str) -> str:
+    """:func:`magpie.routes.normalize_host`, skipping it for hosts that are already canonical."""
+    if _CANONICAL_IPV4.fullmatch(host) or _CANONICAL_NAME.fullmatch(host):
+        return host
+    if host[:1] == "[" and host[-1:] == "]" and _HEX_COLON_ONLY.fullmatch(host, 1, len(host) - 1):
+        # inet_ntop's text equals ipaddress's whenever it has no dotted IPv4 tail (tests check this)
+        try:
+            text = socket.inet_ntop(socket.AF_INET6, socket.inet_pton(socket.AF_INET6, host[1:-1]))
+        except (OSError, ValueError):
+            pass
+        else:
+            if "." not in text:
+                return text
+    return normalize_host(host)
+
+
+def _split_hostport(hostport: str) -> tuple[str, list[str]]:
+    """Split ``host[:a[:b...]]`` into the host text and the ``:``-separated parts after it."""
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0:
+            raise ParseError(f"bad address {_short(hostport)!r}")
+        host, after = hostport[: end + 1], hostport[end + 1 :]
+        if not after:
+            return host, []
+        if after[0] != ":":
+            raise ParseError(f"bad address {_short(hostport)!r}")
+        return host, after[1:].split(":")
+    parts = hostport.split(":")
+    if len(parts) > 2 and _HEX_COLON.fullmatch(hostport) and _is_bare_ipv6(hostport):
+        raise ParseError("IPv6 address must be bracketed")
+    return parts[0], parts[1:]
+
+
+def _parse_port(text: str) -> int:
+    if text.isdigit() and len(text) <= 5 and text.isascii():
+        port = int(text)
+        if 0 < port < 65536:
+            return port
+    if not text:
+        raise ParseError("missing port")
+    raise ParseError(f"bad port {_short(text)!r}")
+
+
+def _parse_address(column: str, default_protocol: str) -> Route:
+    """Parse one address column; raises :class:`ParseError`."""
+    protocol = default_protocol
+    rest = column
+    sep = column.find("://")
+    if sep >= 0:
+        raw_scheme = column[:sep]
+        scheme = _SCHEMES.get(raw_scheme.lower())
+        if scheme is None:
+            raise ParseError(f"unknown scheme {_short(raw_scheme)!r}")
+        protocol = scheme
+        rest = column[sep + 3 :]
+
+    username: str | None = None
+    password: str | None = None
+    at = rest.rfind("@")  # rfind: an unencoded '@' in a password stays in the credentials
+    if at >= 0:
+        user, colon, secret = rest[:at].partition(":")
+        if not user:
+            raise ParseError("empty user in credentials")
+        username = unquote(user)
+        password = unquote(secret) if colon else None
+        hostport = rest[at + 1 :]
+    else:
+        hostport = rest
+
+    if sep >= 0:
+        slash = hostport.find("/")
+        if slash >= 0:
+            if hostport[slash:] != "/":
+                raise ParseError(f"unexpected path {_short(hostport[slash:])!r}")
+            hostport = hostport[:slash]
+
+    host, parts = _split_hostport(hostport)
+    if len(parts) == 1:
+        port_text = parts[0]
+    elif not parts:
+        raise ParseError("missing port")
+    elif len(parts) == 3 and at < 0:  # host:port:user:pass, taken literally
+        port_text, user, password = parts
+        if not user:
+            raise ParseError("empty user in credentials")
+        username = user
+    else:
+        raise ParseError("too many colons")
+
+    if host in ("", "[]"):
+        raise ParseError("empty host")
+    try:
+        host = _normalize_host(host)
+    except ValueError:
+        raise ParseError(f"bad address {_short(host)!r}") from None
+    return Route(protocol, host, _parse_port(port_text), username, password)
+
+
+def _looks_like_address(column: str, only_column: bool) -> bool:
+    """Rules a-e of the module docstring: is a column that failed to parse an address attempt?"""
+    if "://" in column or "@" in column:
+        return True
+    if _BRACKET_ATTEMPT.match(column):
+        return True
+    head, colon, tail = column.partition(":")
+    if colon and tail[:1].isascii() and tail[:1].isdigit():
+        return True
+    if _IPV4_LIKE.fullmatch(head):
+        return True
+    if column.count(":") >= 2 and _HEX_COLON.fullmatch(column):
+        return True
+    return only_column and _DOTTED.search(head) is not None
+
+
+def _parse(text: str, default_protocol: str) -> Route | None:
+    line = text.strip()
+    if line.startswith("\ufeff"):  # a byte-order mark survives a plain utf-8 decode
+        line = line[1:].strip()
+    if not line or line[0] == "#" or line.startswith("//"):
+        return None
+    column = _FIRST_COLUMN.match(line).group()
+    if not column:
+        return None
+    try:
+        return _parse_address(column, default_protocol)
+    except ParseError:
+        if _looks_like_address(column, len(column) == len(line)):
+            raise
+        return None
+
+
+def parse_line(text: str, default_protocol: str = "http") -> Route | None:
+    """Parse one line of a proxy list.
+
+    Args:
+        text: the line, with or without its line ending.
+        default_protocol: protocol for an address without a scheme; one of :data:`magpie.routes.PROTOCOLS`.
+
+    Returns:
+        the :class:`Route`, or ``None`` for a line to skip (blank, comment, header/footer prose).
+
+    Raises:
+        ValueError: ``default_protocol`` is not a known protocol.
+        ParseError: the line is a malformed address; ``.reason`` says why.
+    """
+    _check_protocol(default_protocol)
+    return _parse(text, default_protocol)
+
+
+def parse_lines(lines: Iterable[str], default_protocol: str = "http") -> ParseResult:
+    """Parse a proxy list given as lines (a single ``str`` is split into lines).
+
+    Every line is classified independently: a malformed line is recorded in ``invalid`` with its 1-based
+    line number and the rest still parse.
+
+    Returns:
+        a :class:`ParseResult`.
+
+    Raises:
+        ValueError: ``default_protocol`` is not a known protocol (checked before any line is read).
+    """
+    _check_protocol(default_protocol)
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    result = ParseResult()
+    routes = result.routes
+    invalid = result.invalid
+    seen: set[Route] = set()
+    for number, text in enumerate(lines, 1):
+        try:
+            route = _parse(text, default_protocol)
+        except ParseError as exc:
+            invalid.append(InvalidLine(number, exc.reason, text.strip()[:_MAX_TEXT]))
+            continue
+        if route is None:
+            result.skipped += 1
+        elif route in seen:
+            result.duplicates += 1
+        else:
+            seen.add(route)
+            routes.append(route)
+    return result
+
+
+def parse_file(path: str | os.PathLike[str], default_protocol: str = "http") -> ParseResult:
+    """Parse a proxy-list file, read line by line as UTF-8 (undecodable bytes become U+FFFD).
+
+    Returns:
+        a :class:`ParseResult`; line numbers are the file's.
+
+    Raises:
+        ValueError: ``default_protocol`` is not a known protocol (checked before the file is opened).
+        OSError: the file cannot be opened or read.
+    """
+    _check_protocol(default_protocol)
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return parse_lines(fh, default_protocol)
