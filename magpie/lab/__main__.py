@@ -1,0 +1,5 @@
+"""``python -m magpie.lab [--base-port N] [--judge-port N] [--slow-delay S] [--list-file PATH]``."""
+
+from magpie.lab.lab import main
+
+raise SystemExit(main())
