@@ -1,0 +1,108 @@
+"""Schema management: create the database if missing and run the Alembic migrations.
+
+Alembic is configured in code (no ini file needed): ``script_location`` is the ``migrations`` directory
+next to this module, so it works from a checkout and from an installed package alike. These functions
+back ``magpie db upgrade`` (``ensure_database`` then ``upgrade``) and the test fixtures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import make_url
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    """A programmatic Alembic :class:`Config` for magpie's migrations.
+
+    Args:
+        url: database URL handed to ``env.py`` through ``config.attributes["url"]`` (kept out of the
+            ini-style options so a ``%`` in a password needs no escaping). ``None`` for offline use
+            such as :func:`head_revision`.
+    """
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        cfg.attributes["url"] = url
+    return cfg
+
+
+def ensure_database(url: str) -> bool:
+    """Create the database named in ``url`` if it does not exist.
+
+    Connects to the ``postgres`` maintenance database on the same server with the same credentials.
+
+    Args:
+        url: SQLAlchemy PostgreSQL URL of the target database.
+    Returns:
+        ``True`` if the database was created, ``False`` if it already existed.
+    Raises:
+        sqlalchemy.exc.OperationalError: the server is unreachable or refuses the login.
+        sqlalchemy.exc.ProgrammingError: the role may not create databases.
+        ValueError: ``url`` names no database.
+    """
+    target = make_url(url)
+    name = target.database
+    if not name:
+        raise ValueError(f"database URL names no database: {target.render_as_string(hide_password=True)}")
+    admin = sa.create_engine(
+        target.set(database="postgres"), isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool
+    )
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(
+                sa.text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+            ).first()
+            if exists:
+                return False
+            quoted = conn.dialect.identifier_preparer.quote_identifier(name)
+            try:
+                conn.execute(sa.text(f"CREATE DATABASE {quoted}"))
+            except sa.exc.ProgrammingError as exc:  # created concurrently by another process
+                if "already exists" in str(exc.orig):
+                    return False
+                raise
+            return True
+    finally:
+        admin.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` up to ``revision`` (default: the newest).
+
+    Safe to run from several processes at once: ``env.py`` serialises runs with an advisory lock, and
+    a revision already applied is skipped. The database must exist (see :func:`ensure_database`).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the database is unreachable.
+        alembic.util.exc.CommandError: ``revision`` is unknown.
+    """
+    command.upgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database at ``url`` is at, or ``None`` if it was never migrated.
+
+    Raises ``sqlalchemy.exc.OperationalError`` if the database is unreachable.
+    """
+    engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this code (e.g. ``"0001"``); no database access."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:  # pragma: no cover - the package always ships revisions
+        raise RuntimeError(f"no Alembic revisions found in {MIGRATIONS_DIR}")
+    return head
