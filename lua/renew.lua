@@ -1,17 +1,11 @@
 -- renew.lua: extend a lease, fenced on the lease score the holder keeps.
--- KEYS[1] shard key, KEYS[2] heads index, KEYS[3] lease index
--- ARGV[1] member, ARGV[2] expected lease score, ARGV[3] lease length ms
--- Returns the new lease score as a '%.1f' string, -1 when the lease was lost, -2 when the route is gone.
-local shard, heads, leased = KEYS[1], KEYS[2], KEYS[3]
-local member, expected, lease_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local cur = redis.call('ZSCORE', shard, member)
-if not cur then return -2 end
-if tonumber(cur) ~= expected then return -1 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local lease_s = string.format('%.1f', now + lease_ms + 0.5)
-redis.call('ZADD', shard, lease_s, member)
-redis.call('ZADD', leased, lease_s, member)
-local first = redis.call('ZRANGE', shard, 0, 0, 'WITHSCORES')
-redis.call('ZADD', heads, first[2], shard)
+-- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
+-- ARGV[4] lease ms. Returns the new lease score (string), -1 lease lost, -2 gone.
+local shard = KEYS[NCORE + 1]
+local ok = fence(shard, ARGV[2], ARGV[3])
+if ok ~= 1 then return ok end
+local lease_s = fmt(clock(ARGV[1]) + tonumber(ARGV[4]) + 0.5)
+redis.call('ZADD', shard, lease_s, ARGV[2])
+redis.call('ZADD', K_LEASED, lease_s, ARGV[2])
+refresh_head(shard)
 return lease_s

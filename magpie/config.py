@@ -51,6 +51,13 @@ class Settings(BaseSettings):
     pop_batch: int = Field(64, alias="MAGPIE_POP_BATCH", ge=1, le=1000)
     """Routes claimed by one pop script call."""
 
+    max_stalled: int = Field(3, alias="MAGPIE_MAX_STALLED", ge=0)
+    """A route re-claimed after lease expiry more than this many times in a row is dead-lettered."""
+    retry_base: float = Field(5.0, alias="MAGPIE_RETRY_BASE", gt=0)
+    """Seconds of the first backoff delay after an infrastructure failure (judge unreachable)."""
+    retry_cap: float = Field(300.0, alias="MAGPIE_RETRY_CAP", gt=0)
+    """Upper bound in seconds on a backoff delay."""
+
     queue_shards: int = Field(16, alias="PROXY_QUEUE_SHARDS", ge=1, le=128)
     encrypt_queue_credentials: bool = Field(False, alias="PROXY_QUEUE_ENCRYPT_CREDENTIALS")
     encryption_key: str = Field(

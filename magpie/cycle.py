@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from magpie.backoff import Backoff
 from magpie.queue import COMPLETED, Lease, Payload, PayloadError, QueueError, RouteQueue
 
 log = logging.getLogger(__name__)
@@ -47,19 +48,23 @@ class BatchReport:
     lease_lost: int = 0
     aborted: int = 0
     malformed: int = 0
+    retried: int = 0
     published: int = 0
 
 
 def run_check_batch(queue: RouteQueue, checker, leases: Sequence[Lease], *,
                     publish: Callable[[list[dict[str, str]]], object], renew_below_ms: float,
-                    max_threads: int = 16) -> BatchReport:
+                    backoff: Backoff | None = None, max_threads: int = 16) -> BatchReport:
     """Check each leased route (in parallel threads), complete the held leases, publish their results.
 
     A route whose lease is lost (renewal refused, or completion rejected as stale) is dropped: its
-    result is not published and its schedule is left to the current holder. A payload that does not
-    decode is left leased and logged; its lease expires and it is retried.
+    result is not published and its schedule is left to the current holder. A failed check while the
+    judge itself is unreachable directly is not the route's fault: the route is retried on the
+    ``backoff`` curve (attempt = its retry count + 1) and no result is published. A payload that does
+    not decode is left leased and logged; its lease expires and the stall path takes over.
     Returns a :class:`BatchReport`.
     """
+    backoff = backoff or Backoff("exponential", 5_000, 300_000, 2.0, "full")
     report = BatchReport()
     if hasattr(checker, "learn_own_address"):
         checker.learn_own_address()
@@ -72,6 +77,8 @@ def run_check_batch(queue: RouteQueue, checker, leases: Sequence[Lease], *,
             return le, None, None
 
         def before_attempt(_n: int) -> bool:
+            if le.cancelled:
+                return False
             if le.remaining_ms() < renew_below_ms:
                 try:
                     queue.renew(le)
@@ -84,12 +91,26 @@ def run_check_batch(queue: RouteQueue, checker, leases: Sequence[Lease], *,
     with ThreadPoolExecutor(max_workers=max(1, min(max_threads, len(leases)))) as pool:
         outcomes = list(pool.map(one, leases))
 
+    judge_up: list[bool] = []
+
+    def judge_reachable() -> bool:  # probed once per batch, only when something failed
+        if not judge_up:
+            judge_up.append(not hasattr(checker, "learn_own_address")
+                            or checker.learn_own_address(refresh=True) is not None)
+        return judge_up[0]
+
     held = []
     for le, payload, res in outcomes:
         if payload is None:
             report.malformed += 1
         elif res.error == "Aborted":
             report.aborted += 1
+        elif not res.alive and not judge_reachable():
+            try:
+                queue.retry(le, backoff.delay(le.retry_attempts + 1))
+                report.retried += 1
+            except QueueError:
+                report.lease_lost += 1
         else:
             held.append((le, payload, res))
     codes = queue.complete([le for le, _, _ in held])

@@ -31,7 +31,7 @@ DEMO_ENV = {
     "MAGPIE_RENEW_BELOW_SECONDS": "20",
     "MAGPIE_CHECK_CONCURRENCY": "2",
     "MAGPIE_BEAT_SCHEDULE_FILE": str(STATE / "celerybeat-schedule"),
-    "MAGPIE_LOG_LEVEL": "warning",
+    "MAGPIE_LOG_LEVEL": "info",  # goes to .demo/celery.log
 }
 CHECKS_WANTED = 2
 DEADLINE_S = 150
@@ -76,14 +76,18 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks: stop Celery and the lab
     os.environ.update(DEMO_ENV)
     STATE.mkdir(exist_ok=True)
     from magpie.lab.lab import Lab
 
     with Lab() as lab:
         os.environ["MAGPIE_JUDGE_URL"] = lab.judge_url
-        from magpie.cli import health_table
         from magpie.config import get_settings
         from magpie.crypto import get_keyring
         from magpie.db.migrate import ensure_database, upgrade
@@ -134,19 +138,27 @@ def main() -> int:
             _say("celery processes stopped")
         rows = latest_health(engine, "demo", keyring=keyring)
         from rich.console import Console
+        from rich.table import Table
 
-        Console().print(health_table(rows, title="magpie demo: route health"))
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
+        table = Table(title="magpie demo: route health")
+        for col in ("lab proxy", "route", "protocol", "alive", "latency ms", "anonymity", "checks", "as intended"):
+            table.add_column(col)
         bad = []
         for r in rows:
             p = expected.get((r["host"], r["port"]))
-            if p is None:
-                continue
-            ok = (r["checks_total"] or 0) >= CHECKS_WANTED and r["alive"] == p.expect_alive and (
+            ok = p is not None and (r["checks_total"] or 0) >= CHECKS_WANTED and r["alive"] == p.expect_alive and (
                 r["anonymity"] == p.expect_anonymity)
             if not ok:
-                bad.append(f"{p.name}: got alive={r['alive']} anonymity={r['anonymity']} checks={r['checks_total']}"
-                           f", lab intends alive={p.expect_alive} anonymity={p.expect_anonymity}")
+                bad.append(f"{p.name if p else r['host']}: got alive={r['alive']} anonymity={r['anonymity']} "
+                           f"checks={r['checks_total']}, lab intends alive={p and p.expect_alive} "
+                           f"anonymity={p and p.expect_anonymity}")
+            host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
+            table.add_row(p.name if p else "?", f"{host}:{r['port']}", r["protocol"],
+                          {True: "yes", False: "no", None: "-"}[r["alive"]],
+                          f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-", r["anonymity"] or "-",
+                          str(r["checks_total"] or 0), "yes" if ok else "NO")
+        Console(width=max(110, Console().width)).print(table)
         engine.dispose()
     _say("lab stopped")
     if bad or len(rows) != len(expected):

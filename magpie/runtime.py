@@ -12,7 +12,7 @@ import redis
 
 from magpie.config import Settings, get_settings
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # factories nest (route_queue -> redis_client)
 _cache: dict = {}
 
 

@@ -28,6 +28,7 @@ def check_routes(leases: list[dict]) -> dict:
     """Check the leased routes of one message; returns the batch report as a dict."""
     from dataclasses import asdict
 
+    from magpie.backoff import Backoff
     from magpie.cycle import run_check_batch
     from magpie.queue import Lease
     from magpie.stats import stream
@@ -38,6 +39,7 @@ def check_routes(leases: list[dict]) -> dict:
         runtime.route_queue(), runtime.checker(), [Lease.from_dict(d) for d in leases],
         publish=lambda entries: stream.publish(r, s.redis_prefix, entries, s.stats_stream_maxlen),
         renew_below_ms=s.renew_below_seconds * 1000,
+        backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
     )
     return asdict(report)
 

@@ -8,7 +8,7 @@ import pytest
 
 from magpie.checker import CheckResult
 from magpie.cycle import promote, run_check_batch
-from magpie.queue import Lease, Payload, QueueKeys, RouteQueue
+from magpie.queue import Lease, Payload, QueueKeys, RouteQueue, is_lease_score
 from magpie.routes import Route
 
 
@@ -56,7 +56,7 @@ def test_promote_batches_leases_into_messages_and_respects_budget(q):
     assert [len(m) for m in messages] == [8, 8, 8, 8, 8]
     leases = [Lease.from_dict(d) for m in messages for d in m]
     assert len({le.member for le in leases}) == 40
-    assert all(le.lease_score.endswith(".5") for le in leases)
+    assert all(is_lease_score(le.lease_score) for le in leases)
 
 
 def test_promote_never_exceeds_max_inflight(q):
@@ -111,3 +111,58 @@ def test_lost_lease_cancels_check_at_next_attempt(q):
     checker = FakeChecker(attempts=3)
     rep = run_check_batch(q, checker, [le], publish=lambda e: None, renew_below_ms=60_000)
     assert rep.aborted == 1 and checker.checked == []
+
+
+class DownJudgeChecker(FakeChecker):
+    """Every check fails and the judge is unreachable directly: an infrastructure failure."""
+
+    def check(self, route, before_attempt=None):
+        return CheckResult(False, None, None, 1, "ConnectionError", None, None, "j", 0)
+
+    def learn_own_address(self, refresh=False):
+        return None
+
+
+def test_infrastructure_failure_retries_on_backoff_not_full_interval(q):
+    from magpie.backoff import Backoff
+
+    seed(q, 2)
+    leases = q.pop(2)
+    published = []
+    rep = run_check_batch(q, DownJudgeChecker(), leases, publish=published.extend, renew_below_ms=0,
+                          backoff=Backoff("fixed", 2_000, 2_000))
+    assert rep.retried == 2 and rep.completed == 0 and published == []
+    now = q.server_time_ms()
+    for le in leases:
+        info = q.inspect(le.member)
+        assert info["state"] == "retry" and info["retries"] == 1
+        assert now < float(info["score"]) <= now + 2_000  # backoff delay, not the 60 s interval
+
+
+def test_dead_route_with_judge_up_completes_normally(q):
+    class DeadRoute(FakeChecker):
+        def check(self, route, before_attempt=None):
+            return CheckResult(False, None, None, 2, "ProxyError", None, None, "j", 1)
+
+        def learn_own_address(self, refresh=False):
+            return {"127.0.0.1"}
+
+    seed(q, 1)
+    published = []
+    rep = run_check_batch(q, DeadRoute(), q.pop(1), publish=published.extend, renew_below_ms=0)
+    assert rep.completed == 1 and published[0]["alive"] == "0"
+
+
+def test_runtime_resources_build_in_any_order(monkeypatch, settings):
+    """route_queue() builds redis_client() inside its own factory: the cache lock must be re-entrant."""
+    import threading
+
+    from magpie import runtime
+
+    monkeypatch.setattr(runtime, "_cache", {})
+    monkeypatch.setattr(runtime, "settings", lambda: settings)
+    out = []
+    t = threading.Thread(target=lambda: out.append(runtime.route_queue()), daemon=True)
+    t.start()
+    t.join(5)
+    assert out and out[0].keys.prefix == settings.redis_prefix

@@ -70,17 +70,17 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
         })
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)
-        rep = import_file(lst, "e2e", settings)
+        rep = import_file(lst, "e2e", settings.model_copy(update={"check_interval": 3.0}))
         assert rep.imported == len(lab.proxies) and not rep.invalid
         log = open(tmp_path / "celery.log", "w")
         procs = [
             spawn(["worker", "-Q", "promote,checks,stats", "-n", f"e2e-{redis_prefix}@%h", "--concurrency=2",
-                   "--loglevel=warning", "--without-mingle", "--without-gossip"], env, log),
-            spawn(["beat", "--loglevel=warning", f"--schedule={tmp_path / 'beat'}"], env, log),
+                   "--loglevel=info", "--without-mingle", "--without-gossip"], env, log),
+            spawn(["beat", "--loglevel=info", f"--schedule={tmp_path / 'beat'}"], env, log),
         ]
         rows = []
         try:
-            deadline = time.monotonic() + 90
+            deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 time.sleep(1)
                 assert all(p.poll() is None for p in procs), (tmp_path / "celery.log").read_text()[-3000:]

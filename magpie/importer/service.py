@@ -13,7 +13,6 @@ from typing import Callable
 from magpie.config import Settings
 from magpie.crypto import get_keyring
 from magpie.importer.parse import parse_file
-from magpie.queue import Payload
 
 CHUNK = 5000
 
@@ -69,12 +68,9 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     for off in range(0, total, CHUNK):
         chunk = parsed.routes[off: off + CHUNK]
         store = upsert_routes(engine, keyring, workspace.strip(), chunk)
-        report.imported += store.new_members
-        report.duplicates += store.already_members
-        items = [
-            (row.route_hash, Payload(row.route_id, row.route, row.route_hash, list(row.workspace_ids)).encode())
-            for row in store.rows
-        ]
+        report.imported += len(store.new_members)
+        report.duplicates += len(store.already_members)
+        items = [(row.route_hash, row.payload().encode()) for row in store.routes]
         counts = queue.schedule(items, total=total, start_index=off)
         report.scheduled_new += counts["new"]
         if progress:

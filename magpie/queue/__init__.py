@@ -3,10 +3,10 @@
 from magpie.queue.keys import QueueKeys, fnv1a_32
 from magpie.queue.payload import Payload, PayloadError
 from magpie.queue.routequeue import (
-    COMPLETED, GONE, LEASE_LOST, PAYLOAD_CHANGED, Lease, LeaseLost, QueueError, RouteQueue,
+    COMPLETED, GONE, LEASE_LOST, PAYLOAD_CHANGED, Lease, LeaseLost, QueueError, RouteQueue, is_lease_score,
 )
 
 __all__ = [
     "QueueKeys", "fnv1a_32", "Payload", "PayloadError", "Lease", "LeaseLost", "QueueError", "RouteQueue",
-    "COMPLETED", "GONE", "LEASE_LOST", "PAYLOAD_CHANGED",
+    "is_lease_score", "COMPLETED", "GONE", "LEASE_LOST", "PAYLOAD_CHANGED",
 ]

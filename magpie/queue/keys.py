@@ -68,4 +68,40 @@ class QueueKeys:
 
     @property
     def dead(self) -> str:
+        """Dead-lettered routes: member -> time dead-lettered (Unix ms)."""
         return self.base + "proxy_dead"
+
+    @property
+    def dead_info(self) -> str:
+        """Reason beside each dead-lettered route: member -> JSON ``{"reason", "stalls", "at"}``."""
+        return self.base + "proxy_dead_info"
+
+    @property
+    def stalls(self) -> str:
+        """Consecutive stalled claims per route (hash); cleared by a completed cycle."""
+        return self.base + "proxy_stalls"
+
+    @property
+    def retries(self) -> str:
+        """Backoff retries per route (hash); cleared by a completed cycle."""
+        return self.base + "proxy_retries"
+
+    @property
+    def paused(self) -> str:
+        """Present while the queue is paused; ``pop.lua`` claims nothing then."""
+        return self.base + "proxy_paused"
+
+    @property
+    def progress(self) -> str:
+        """Latest progress text per leased route (hash)."""
+        return self.base + "proxy_progress"
+
+    @property
+    def logs_prefix(self) -> str:
+        """Per-route log lists live at ``logs_prefix + hash`` (bounded)."""
+        return self.base + "proxy_logs:"
+
+    def core(self) -> list[str]:
+        """The eight keys every script receives first, in ``lua/lib.lua`` order."""
+        return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
+                self.progress]

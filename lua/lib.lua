@@ -1,0 +1,67 @@
+-- lib.lua: prelude prepended to every script by magpie/queue/scripts.py (not run on its own).
+-- Every script receives the same eight schedule keys first (KEYS[1..8]); script-specific keys follow.
+-- Score fractions mark state: .0 an ordinary due time, .25 a backoff retry due time, .5 a lease.
+local K_HEADS, K_LEASED, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local NCORE = 8
+
+-- Redis server clock in Unix ms; a positive override is accepted for deterministic tests only.
+local function clock(override)
+  local o = tonumber(override)
+  if o and o > 0 then return o end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Scores leave scripts as strings: a numeric reply would be truncated to an integer.
+local function fmt(x) return string.format('%.2f', x) end
+
+local function is_lease(score) return score % 1 == 0.5 end
+local function is_retry(score) return score % 1 == 0.25 end
+
+local function refresh_head(shard)
+  local first = redis.call('ZRANGE', shard, 0, 0, 'WITHSCORES')
+  if #first == 0 then
+    redis.call('ZREM', K_HEADS, shard)
+  else
+    redis.call('ZADD', K_HEADS, first[2], shard)
+  end
+end
+
+-- Per-route side state that goes away with the route.
+local function forget(member, logs_prefix)
+  redis.call('ZREM', K_LEASED, member)
+  redis.call('HDEL', K_STALLS, member)
+  redis.call('HDEL', K_RETRIES, member)
+  redis.call('HDEL', K_PROGRESS, member)
+  redis.call('HDEL', K_DEAD_INFO, member)
+  redis.call('ZREM', K_DEAD, member)
+  if logs_prefix then redis.call('DEL', logs_prefix .. member) end
+end
+
+-- Fencing: 1 when the stored score equals the holder's lease score, else -1 (lost) or -2 (gone).
+local function fence(shard, member, expected)
+  local cur = redis.call('ZSCORE', shard, member)
+  if not cur then return -2, nil end
+  if tonumber(cur) ~= tonumber(expected) then return -1, tonumber(cur) end
+  return 1, tonumber(cur)
+end
+
+-- Workspace ids of a payload ("w":[...] closes the JSON text); nil when the shape is foreign.
+local function split_w(text)
+  return string.match(text, '^(.*"w":)%[([%d,]*)%]}$')
+end
+
+local function id_list(csv)
+  local set, list = {}, {}
+  for id in string.gmatch(csv or '', '%d+') do
+    local v = tonumber(id)
+    if not set[v] then set[v] = true; list[#list + 1] = v end
+  end
+  return set, list
+end
+
+local function join_w(head, list)
+  table.sort(list)
+  return head .. '[' .. table.concat(list, ',') .. ']}'
+end

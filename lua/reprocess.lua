@@ -1,0 +1,18 @@
+-- reprocess.lua: put a dead-lettered route back in its shard, due now, with its stall count reset.
+-- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] payload prefix.
+-- Returns the due time (string), -2 gone (no payload), -7 not dead-lettered.
+local shard, member = KEYS[NCORE + 1], ARGV[2]
+if not redis.call('ZSCORE', K_DEAD, member) then return -7 end
+if redis.call('EXISTS', ARGV[3] .. member) == 0 then
+  redis.call('ZREM', K_DEAD, member)
+  redis.call('HDEL', K_DEAD_INFO, member)
+  return -2
+end
+local now = clock(ARGV[1])
+redis.call('ZREM', K_DEAD, member)
+redis.call('HDEL', K_DEAD_INFO, member)
+redis.call('HDEL', K_STALLS, member)
+redis.call('HDEL', K_RETRIES, member)
+redis.call('ZADD', shard, now, member)
+refresh_head(shard)
+return fmt(now)

@@ -1,0 +1,218 @@
+"""Randomized interleaving of claim / renew / complete / remove / retry / import / stall / operator calls
+from several simulated workers, checked step by step against a small reference model of the schedule."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from magpie.queue import LeaseLost, Payload, QueueError
+from magpie.routes import Route
+
+STEPS = 10_000
+MEMBERS = [f"{i:024x}" for i in range(30)]
+
+
+def payload(member, ws):
+    i = int(member, 16)
+    return Payload(i, Route("http", "127.0.0.1", 4000 + i), member, sorted(ws)).encode()
+
+
+class Model:
+    """What the schedule must look like: scores, workspace sets, dead set, stall and retry counts."""
+
+    def __init__(self, q, now, interval, lease, max_stalled):
+        self.q, self.now, self.interval, self.lease, self.max_stalled = q, now, interval, lease, max_stalled
+        self.score: dict[str, float] = {}
+        self.ws: dict[str, set[int]] = {}
+        self.dead: dict[str, int] = {}
+        self.stalls: dict[str, int] = {}
+        self.retries: dict[str, int] = {}
+        self.paused = False
+
+    def shard(self, m):
+        return self.q.keys.shard_of(m)
+
+    def schedule(self, members, w):
+        step = self.interval / len(members)
+        out = {"new": 0, "merged": 0, "unchanged": 0}
+        for j, m in enumerate(members):
+            off = int(j * step)
+            if m not in self.ws:
+                self.ws[m] = {w}
+                self.score[m] = self.now + off
+                out["new"] += 1
+                continue
+            changed = w not in self.ws[m]
+            self.ws[m].add(w)
+            if m not in self.score and m not in self.dead:
+                self.score[m] = self.now + off
+                changed = True
+            out["merged" if changed else "unchanged"] += 1
+        return out
+
+    def pop(self, n):
+        if self.paused:
+            return []
+        got = []
+        for m in sorted((m for m, s in self.score.items() if s <= self.now),
+                        key=lambda m: (self.score[m], self.shard(m), m)):
+            if len(got) == n:
+                break
+            prev = self.score[m]
+            stalled = prev % 1 == 0.5
+            if stalled:
+                self.stalls[m] = self.stalls.get(m, 0) + 1
+                if self.stalls[m] > self.max_stalled:
+                    del self.score[m]
+                    self.dead[m] = self.now
+                    continue
+            attempts = self.retries.get(m, 0) if prev % 1 == 0.25 else 0
+            self.score[m] = self.now + self.lease + 0.5
+            got.append((m, prev, stalled, attempts))
+        return got
+
+    def fence(self, lease):
+        if lease.member not in self.score:
+            return -2
+        return 1 if self.score[lease.member] == float(lease.lease_score) else -1
+
+    def forget(self, m):
+        for d in (self.score, self.ws, self.dead, self.stalls, self.retries):
+            d.pop(m, None)
+
+    def complete(self, lease, new_ws=None):
+        m, prev = lease.member, float(lease.previous_score)
+        self.score[m] = max(math.floor(prev), self.now) + self.interval
+        if new_ws is not None or prev % 1 == 0.5:
+            self.stalls.pop(m, None)
+        if new_ws is not None or prev % 1 == 0.25:
+            self.retries.pop(m, None)
+
+
+def test_random_interleaving_matches_reference_model(make_queue, clock):
+    rnd = random.Random(20261129)
+    interval, lease_ms, max_stalled = 5_000, 1_000, 2
+    q = make_queue(interval_ms=interval, lease_ms=lease_ms, clock=clock, max_stalled=max_stalled)
+    model = Model(q, clock.now, interval, lease_ms, max_stalled)
+    held = []  # leases in the hands of simulated workers, some of them stale
+    counts: dict[str, int] = {}
+
+    def fenced(lease, real_call, on_ok):
+        expect = model.fence(lease)
+        try:
+            res = real_call()
+            assert expect == 1, (lease, expect)
+            on_ok(res)
+            return res
+        except LeaseLost:
+            assert expect == -1
+        except QueueError as exc:
+            if exc.code == "payload_changed":
+                assert expect == 1
+            else:
+                assert (exc.code, expect) == ("gone", -2)
+
+    for step in range(STEPS):
+        op = rnd.choices(
+            ["import", "pop", "renew", "complete", "remove", "complete_payload", "retry", "tick", "enqueue",
+             "pause", "reprocess"],
+            weights=[6, 20, 6, 18, 3, 5, 3, 20, 3, 1, 2])[0]
+        counts[op] = counts.get(op, 0) + 1
+        if op == "import":
+            members = rnd.sample(MEMBERS, rnd.randint(1, 6))
+            w = rnd.randint(1, 4)
+            assert q.schedule([(m, payload(m, {w})) for m in members]) == model.schedule(members, w), step
+        elif op == "pop":
+            n = rnd.randint(1, 5)
+            got = q.pop(n)
+            want = model.pop(n)
+            assert [(le.member, float(le.previous_score), le.stalled, le.retry_attempts) for le in got] == want, (
+                step, [(le.member, le.previous_score, le.shard) for le in got], [(m, model.shard(m)) for m, *_ in want])
+            for le in got:
+                assert float(le.lease_score) == model.score[le.member]
+            held.extend(got)
+        elif op == "tick":
+            ms = rnd.choice([rnd.randint(0, 300), lease_ms + 1, rnd.randint(1000, interval)])
+            clock.advance(ms)
+            model.now = clock.now
+        elif op == "pause":
+            model.paused = not model.paused
+            q.pause() if model.paused else q.resume()
+        elif op == "enqueue":
+            m = rnd.choice(MEMBERS)
+            delay = rnd.randint(0, 2000)
+            try:
+                due = q.enqueue_in(m, delay)
+                assert m in model.score and model.score[m] % 1 != 0.5
+                model.score[m] = model.now + delay
+                model.retries.pop(m, None)
+                assert due == model.now + delay
+            except QueueError as exc:
+                expect = ("dead" if m in model.dead else "gone") if m not in model.score else "leased"
+                assert exc.code == expect, step
+        elif op == "reprocess":
+            if model.dead:
+                m = rnd.choice(sorted(model.dead))
+                assert q.reprocess(m) == model.now
+                del model.dead[m]
+                model.stalls.pop(m, None)
+                model.retries.pop(m, None)
+                model.score[m] = model.now
+        elif held:
+            le = held.pop(rnd.randrange(len(held)))
+            if op == "renew":
+                def ok(res, le=le):
+                    model.score[le.member] = model.now + lease_ms + 0.5
+                fenced(le, lambda: q.renew(le), ok)
+            elif op == "complete":
+                fenced(le, lambda: q.complete_one(le), lambda _r: model.complete(le))
+            elif op == "retry":
+                delay = rnd.randint(1, 3000)
+
+                def ok(res, le=le, delay=delay):
+                    model.score[le.member] = math.floor(model.now + delay) - 0.75
+                    model.retries[le.member] = model.retries.get(le.member, 0) + 1
+                    assert res == model.retries[le.member]
+                fenced(le, lambda: q.retry(le, delay), ok)
+            elif op == "remove":
+                orig = set(Payload.decode(le.payload).workspaces)
+                if model.fence(le) == 1 and orig != model.ws[le.member]:
+                    with pytest.raises(QueueError, match="payload_changed"):
+                        q.remove(le)
+                else:
+                    fenced(le, lambda: q.remove(le), lambda _r: model.forget(le.member))
+            elif op == "complete_payload":
+                orig = set(Payload.decode(le.payload).workspaces)
+                want = set(orig)
+                if rnd.random() < 0.5 and want:
+                    want.discard(rnd.choice(sorted(want)))
+                if rnd.random() < 0.5:
+                    want.add(rnd.randint(1, 4))
+                desired = payload(le.member, want)
+
+                def ok(res, le=le, orig=orig, want=want):
+                    cur = model.ws[le.member]
+                    new = (cur - (orig - want)) | (want - orig)
+                    if not new:
+                        assert res == "removed"
+                        model.forget(le.member)
+                    else:
+                        assert res == "completed"
+                        model.ws[le.member] = new
+                        model.complete(le, new_ws=new)
+                fenced(le, lambda: q.complete_with_payload(le, desired), ok)
+        if step % 25 == 0 or step == STEPS - 1:
+            for m in MEMBERS:
+                s = q.score(m)
+                assert (None if s is None else float(s)) == model.score.get(m), (step, m)
+                p = q.payload(m)
+                assert (None if p is None else set(Payload.decode(p).workspaces)) == model.ws.get(m), (step, m)
+                info = q.inspect(m)
+                assert info["stalls"] == model.stalls.get(m, 0), (step, m)
+                assert (info["state"] == "dead") == (m in model.dead), (step, m)
+    # the run exercised every operation, including stalls that dead-lettered routes
+    assert all(counts.get(op, 0) > 50 for op in ("pop", "complete", "renew", "retry", "remove", "import"))
+    assert q.dead_letters() or counts["reprocess"] > 0
