@@ -47,7 +47,8 @@ def _count(db, table: str, where: str = "", **params) -> int:
 
 
 def test_migration_at_head_creates_all_tables_and_partitioned_history(pg_url, db):
-    assert migrate.current_revision(pg_url) == migrate.head_revision() == "0001"
+    assert migrate.current_revision(pg_url) == migrate.head_revision()
+    assert migrate.head_revision() == sorted(p.name.split("_")[0] for p in (migrate.MIGRATIONS_DIR / "versions").glob("0*.py"))[-1]
     with db.connect() as c:
         kinds = dict(
             c.execute(

@@ -1,0 +1,22 @@
+"""Maintenance: job runs, monthly check-history partitions, retention support (issue 4).
+
+Revision ID: 0002
+Revises: 0001
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+revision: str = "0002"
+down_revision: str | None = "0001"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    pass  # placeholder: filled in by the maintenance work
+
+
+def downgrade() -> None:
+    pass

@@ -1,0 +1,117 @@
+"""Renewable Redis leader locks for leader-only jobs (``magpie:leader:<job>``).
+
+A leader lock is a lease, not a permanent primary: acquire with a random per-holder token
+(``SET NX PX``), renew at a third of the TTL with compare-and-extend, release with compare-and-delete.
+A renewal that fails (lost lock, or Redis unreachable) fires the holder's cancellation event so the job
+stops at its next safe point; whoever acquires next resumes the work. When Redis comes back, contention
+simply resumes: acquisition is retried by the next task run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+import redis
+
+log = logging.getLogger(__name__)
+
+_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class LeaderLock:
+    """One holder's lease on the leader lock of ``job``.
+
+    Args:
+        client: redis-py client.
+        prefix: key prefix (``MAGPIE_REDIS_PREFIX``); the key is ``<prefix>leader:<job>``.
+        job: job name, e.g. ``respread``, ``retention``, ``alerts``.
+        ttl_ms: lease length in ms; renewed every ``ttl_ms / 3`` by :meth:`hold`.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str, job: str, ttl_ms: int = 30_000):
+        self.r = client
+        self.key = f"{prefix}leader:{job}"
+        self.job = job
+        self.ttl_ms = int(ttl_ms)
+        self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        self.lost = threading.Event()
+        self._extend = client.register_script(_EXTEND)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self) -> bool:
+        """Try once; True when this holder now owns the lock. Redis errors count as not acquired."""
+        try:
+            ok = bool(self.r.set(self.key, self.token, nx=True, px=self.ttl_ms))
+        except redis.RedisError as exc:
+            log.warning("leader lock %s: acquire failed: %s", self.key, exc)
+            return False
+        if ok:
+            self.lost.clear()
+        return ok
+
+    def renew(self) -> bool:
+        """Compare-and-extend; on failure sets :attr:`lost` and returns False."""
+        try:
+            ok = bool(self._extend(keys=[self.key], args=[self.token, self.ttl_ms]))
+        except redis.RedisError as exc:
+            log.warning("leader lock %s: renewal failed: %s", self.key, exc)
+            ok = False
+        if not ok:
+            self.lost.set()
+        return ok
+
+    def release(self) -> bool:
+        """Compare-and-delete; True when this holder's lock was deleted."""
+        try:
+            return bool(self._release(keys=[self.key], args=[self.token]))
+        except redis.RedisError:
+            return False
+
+    def is_held(self) -> bool:
+        try:
+            v = self.r.get(self.key)
+        except redis.RedisError:
+            return False
+        return v is not None and (v.decode() if isinstance(v, bytes) else v) == self.token
+
+    @contextmanager
+    def hold(self) -> Iterator[threading.Event | None]:
+        """Acquire, keep renewing in a background thread, release on exit.
+
+        Yields the cancellation event (set when leadership is lost: stop at the next safe point), or
+        ``None`` when another holder has the lock (do nothing then).
+        """
+        if not self.acquire():
+            yield None
+            return
+        stop = threading.Event()
+
+        def renewer():
+            while not stop.wait(self.ttl_ms / 3000):
+                if not self.renew():
+                    return
+
+        t = threading.Thread(target=renewer, name=f"leader-{self.job}", daemon=True)
+        t.start()
+        try:
+            yield self.lost
+        finally:
+            stop.set()
+            t.join(self.ttl_ms / 1000)
+            self.release()

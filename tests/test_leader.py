@@ -1,0 +1,44 @@
+"""Leader locks against real Redis: exclusivity, hand-over, expiry while the holder stalls."""
+
+import time
+
+from magpie.leader import LeaderLock
+
+
+def test_two_contenders_one_leader_then_hand_over(redis_client, redis_prefix):
+    a = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=1000)
+    b = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=1000)
+    assert a.acquire() and not b.acquire()
+    assert a.is_held() and not b.is_held()
+    assert not b.release()  # compare-and-delete: b cannot release a's lock
+    assert a.is_held()
+    assert a.release() and b.acquire()
+
+
+def test_stalled_holder_loses_lock_and_its_renewal_fails(redis_client, redis_prefix):
+    a = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=200)
+    b = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=5000)
+    assert a.acquire()
+    time.sleep(0.3)  # a is paused past its TTL (an injected stall)
+    assert b.acquire()
+    assert not a.renew() and a.lost.is_set()  # compare-and-extend refuses the stale token
+    assert b.is_held()
+
+
+def test_hold_renews_in_background_and_releases(redis_client, redis_prefix):
+    a = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=300)
+    other = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=300)
+    with a.hold() as lost:
+        assert lost is not None
+        time.sleep(0.8)  # longer than the TTL: only renewal keeps it
+        assert a.is_held() and not lost.is_set()
+        with other.hold() as none:
+            assert none is None
+    assert not a.is_held() and other.acquire()
+
+
+def test_lost_lock_fires_cancellation_during_hold(redis_client, redis_prefix):
+    a = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=300)
+    with a.hold() as lost:
+        redis_client.delete(a.key)  # lock lost (expired, or Redis lost data)
+        assert lost.wait(1.0)
