@@ -13,6 +13,26 @@ from kombu import Queue
 QUEUES = ("promote", "checks", "stats", "alerts", "delivery", "email", "maintenance")
 
 
+BEAT_PROVIDERS = ("magpie.maintenance.beat", "magpie.alerts.beat")
+
+
+def _extra_beat(settings) -> dict:
+    """Beat entries contributed by background-job packages: each provider module exposes
+    ``beat_entries(settings) -> dict`` in Celery's ``beat_schedule`` format."""
+    import importlib
+
+    out: dict = {}
+    for name in BEAT_PROVIDERS:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue  # provider package not present
+            raise
+        out.update(mod.beat_entries(settings))
+    return out
+
+
 def build(settings=None) -> dict:
     """Return Celery's settings as a dict of lower-case Celery setting names.
 
@@ -39,6 +59,12 @@ def build(settings=None) -> dict:
             "magpie.promote": {"queue": "promote", "routing_key": "promote"},
             "magpie.check_routes": {"queue": "checks", "routing_key": "checks"},
             "magpie.ingest_stats": {"queue": "stats", "routing_key": "stats"},
+            # families of background jobs, by task-name prefix
+            "magpie.stats.*": {"queue": "stats", "routing_key": "stats"},
+            "magpie.maintenance.*": {"queue": "maintenance", "routing_key": "maintenance"},
+            "magpie.alerts.*": {"queue": "alerts", "routing_key": "alerts"},
+            "magpie.delivery.*": {"queue": "delivery", "routing_key": "delivery"},
+            "magpie.email.*": {"queue": "email", "routing_key": "email"},
         },
         # Check messages are acked on receipt: a lost message costs a lease expiry, never a route.
         "task_acks_late": False,
@@ -51,6 +77,7 @@ def build(settings=None) -> dict:
             else {}
         ),
         "beat_schedule": {
+            **_extra_beat(s),
             "promote": {
                 "task": "magpie.promote",
                 "schedule": promote_every,

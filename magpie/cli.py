@@ -239,5 +239,21 @@ def lab(ctx) -> None:
     sys.exit(lab_main(list(ctx.args)) or 0)
 
 
+def _register_plugins() -> None:
+    """Command groups owned by background-job packages (each module exposes ``register(main)``)."""
+    import importlib
+
+    for name in ("magpie.maintenance.cli", "magpie.alerts.cli"):
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name and name.startswith(exc.name):
+                continue
+            raise
+        mod.register(main)
+
+
+_register_plugins()
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -60,3 +60,9 @@ def ingest_stats() -> int:
         if rep.read == 0:
             break
     return total
+
+
+# -- maintenance, statistics upkeep and metrics (issue 4) ----------------------------------------------
+
+
+# -- alerts, webhook delivery and the email outbox (issue 5) ---------------------------------------------
