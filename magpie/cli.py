@@ -178,6 +178,175 @@ def routes(workspace: str | None, as_json: bool) -> None:
     console.print(health_table(rows))
 
 
+# -- queue control plane -----------------------------------------------------------------------------
+def _queue():
+    from magpie.queue import RouteQueue
+
+    return RouteQueue.from_settings(_settings())
+
+
+def _run_queue(as_json: bool, fn):
+    """Run ``fn()``; print its result; typed queue refusals exit with status 3 and name the code."""
+    from magpie.queue import QueueError
+
+    try:
+        result = fn()
+    except QueueError as exc:
+        if as_json:
+            _emit_json({"ok": False, "refused": exc.code, "member": exc.member or None})
+        else:
+            click.echo(f"refused: {exc.code}" + (f" (route {exc.member})" if exc.member else ""), err=True)
+        raise click.exceptions.Exit(3) from None
+    except Exception as exc:  # noqa: BLE001 - Redis unreachable and the like
+        raise click.ClickException(f"queue operation failed: {exc.__class__.__name__}: {exc}") from None
+    if as_json:
+        _emit_json({"ok": True, "result": result})
+    else:
+        click.echo(result if isinstance(result, str) else json.dumps(result, indent=2, default=str))
+    return result
+
+
+@main.group()
+def queue() -> None:
+    """Operate the route schedule: pause/resume, drain, obliterate, dead letters and per-route verbs.
+
+    Refusals exit with status 3 and a typed code: not_paused, active_leases, lease_lost, gone, leased,
+    dead, not_dead.
+    """
+
+
+json_opt = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+@queue.command("pause")
+@json_opt
+def queue_pause(as_json):
+    """Stop all claiming (checked inside pop: nothing is claimed once this returns)."""
+    _run_queue(as_json, lambda: (_queue().pause(), "paused")[1])
+
+
+@queue.command("resume")
+@json_opt
+def queue_resume(as_json):
+    """Resume claiming."""
+    _run_queue(as_json, lambda: (_queue().resume(), "resumed")[1])
+
+
+@queue.command("drain")
+@json_opt
+def queue_drain(as_json):
+    """Unschedule and delete every due or waiting route; leased routes are spared."""
+    _run_queue(as_json, lambda: _queue().drain())
+
+
+@queue.command("obliterate")
+@click.option("--force", is_flag=True, help="Proceed even while leases are live.")
+@click.option("--batch", default=1000, show_default=True, help="Routes deleted per script call.")
+@json_opt
+def queue_obliterate(force, batch, as_json):
+    """Delete the whole schedule keyspace in bounded batches (the queue must be paused)."""
+
+    def run():
+        q = _queue()
+        total = 0
+        while True:
+            status, n = q.obliterate(force=force, batch=batch)
+            total += n
+            if status == "done":
+                return {"status": "done", "deleted_routes": total}
+
+    _run_queue(as_json, run)
+
+
+@queue.command("inspect")
+@click.argument("route_hash")
+@json_opt
+def queue_inspect(route_hash, as_json):
+    """Payload, score, state, stall count, retries, progress and recent logs of one route."""
+    _run_queue(as_json, lambda: _queue().inspect(route_hash))
+
+
+@queue.command("update")
+@click.argument("route_hash")
+@click.argument("payload")
+@json_opt
+def queue_update(route_hash, payload, as_json):
+    """Replace a route's stored payload (JSON text in the payload format)."""
+    from magpie.queue import Payload, PayloadError
+
+    try:
+        Payload.decode(payload)  # refuse malformed input before it reaches Redis
+    except PayloadError as exc:
+        raise click.ClickException(f"payload rejected: {exc}") from None
+    _run_queue(as_json, lambda: (_queue().update(route_hash, payload), "updated")[1])
+
+
+@queue.command("remove")
+@click.argument("route_hash")
+@click.option("--force", is_flag=True, help="Remove even under a live lease.")
+@json_opt
+def queue_remove(route_hash, force, as_json):
+    """Remove one route from the schedule (refused under a live lease unless --force)."""
+    _run_queue(as_json, lambda: (_queue().remove_route(route_hash, force=force), "removed")[1])
+
+
+@queue.command("logs")
+@click.argument("route_hash")
+@json_opt
+def queue_logs(route_hash, as_json):
+    """Recent log lines a check wrote for one route."""
+    _run_queue(as_json, lambda: _queue().inspect(route_hash)["logs"])
+
+
+@queue.command("progress")
+@click.argument("route_hash")
+@json_opt
+def queue_progress(route_hash, as_json):
+    """Latest progress a check recorded for one route."""
+    _run_queue(as_json, lambda: _queue().inspect(route_hash)["progress"])
+
+
+@queue.command("dead")
+@click.option("--limit", default=100, show_default=True)
+@json_opt
+def queue_dead(limit, as_json):
+    """List dead-lettered routes with their reason."""
+    _run_queue(as_json, lambda: _queue().dead_letters(limit))
+
+
+@queue.command("reprocess")
+@click.argument("route_hash")
+@json_opt
+def queue_reprocess(route_hash, as_json):
+    """Put a dead-lettered route back, due now, with its stall count reset."""
+    _run_queue(as_json, lambda: {"due_ms": _queue().reprocess(route_hash)})
+
+
+@queue.command("check-now")
+@click.argument("route_hash")
+@click.option("--in", "delay", default=0.0, show_default=True, help="Delay in seconds.")
+@json_opt
+def queue_check_now(route_hash, delay, as_json):
+    """Check one route now (or after --in seconds) without a second copy or losing its cadence."""
+    _run_queue(as_json, lambda: {"due_ms": _queue().enqueue_in(route_hash, int(delay * 1000))})
+
+
+@queue.command("respread")
+@json_opt
+def queue_respread(as_json):
+    """Re-spread every unleased route evenly across MAGPIE_CHECK_INTERVAL (under a leader lock)."""
+    from magpie.leader import LeaderLock
+
+    def run():
+        q = _queue()
+        with LeaderLock(q.r, _settings().redis_prefix, "respread", ttl_ms=60_000).hold() as lost:
+            if lost is None:
+                return {"skipped": "another respread holds the leader lock"}
+            return q.respread()
+
+    _run_queue(as_json, run)
+
+
 # -- one-shot check, judge, lab ---------------------------------------------------------------------
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))

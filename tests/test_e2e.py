@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,31 +15,10 @@ import pytest
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
 from magpie.importer.service import import_file
-from magpie.lab.lab import Lab
+from magpie.lab.lab import start_free_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
-
-
-def free_block(n: int) -> int:
-    """First port of ``n`` consecutive free ports on 127.0.0.x (best effort)."""
-    import random
-
-    for _ in range(200):
-        base = random.randint(21000, 39000)
-        try:
-            socks = []
-            for p in range(base - 1, base + n + 1):
-                s = socket.socket()
-                s.bind(("127.0.0.1", p))
-                socks.append(s)
-            for s in socks:
-                s.close()
-            return base
-        except OSError:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port block")
 
 
 def spawn(args, env, log):
@@ -59,7 +37,8 @@ def stop(proc):
 
 
 def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path):
-    with Lab(base_port=free_block(12), slow_delay=1.0) as lab:
+    lab = start_free_lab(slow_delay=1.0)
+    try:
         env = dict(os.environ)
         env.update({
             "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
@@ -103,3 +82,5 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
 
             n = c.execute(sa.text("SELECT count(*) FROM check_history")).scalar()
         assert n >= 2 * len(expected)
+    finally:
+        lab.stop()

@@ -1,0 +1,130 @@
+"""The ``magpie`` command line against real Redis and PostgreSQL (and the lab for ``check``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+from click.testing import CliRunner
+
+from magpie.cli import main
+from magpie.config import get_settings
+
+LIST = """\
+# Free proxy list - updated hourly
+Proxy list updated at 2026-11-29 10:00:00 UTC
+
+127.0.0.1:3128
+127.0.0.1:3128
+socks5://user:p%40ss@127.0.0.2:1080
+127.0.0.3:8080 US-N-S +
+[::1]:8888
+127.0.0.1:99999
+ftp://127.0.0.1:21
+127.0.0.4
+Total: 4 proxies
+"""
+
+
+@pytest.fixture
+def cli(settings, monkeypatch):
+    env = {
+        "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": settings.redis_prefix,
+        "MAGPIE_DATABASE_URL": settings.database_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
+        "PROXY_QUEUE_SHARDS": "4", "MAGPIE_CHECK_INTERVAL": "60",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    runner = CliRunner()
+
+    def run(*args, code=0):
+        res = runner.invoke(main, list(args), catch_exceptions=False)
+        assert res.exit_code == code, res.output
+        return res
+
+    yield run
+    get_settings.cache_clear()
+
+
+def test_import_reports_counts_and_line_numbers(cli, db, tmp_path):
+    f = tmp_path / "list.txt"
+    f.write_text(LIST)
+    out = json.loads(cli("import", str(f), "--workspace", "alpha", "--json").stdout)
+    assert out["valid"] == 4 and out["imported"] == 4 and out["duplicates"] == 1
+    assert out["skipped"] == 4  # comment, prose, blank, footer
+    assert [(x["line"], x["reason"].split(" ")[0]) for x in out["invalid"]] == [(9, "bad"), (10, "unknown"),
+                                                                               (11, "missing")]
+    with db.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM routes")).scalar() == 4
+        enc = c.execute(sa.text("SELECT password_enc FROM routes WHERE password_enc IS NOT NULL")).scalar()
+    assert "p@ss" not in enc
+    again = json.loads(cli("import", str(f), "-w", "alpha", "--json").stdout)
+    assert again["imported"] == 0 and again["duplicates"] == 5
+    other = json.loads(cli("import", str(f), "-w", "beta", "--json").stdout)
+    assert other["imported"] == 4
+    st = json.loads(cli("status", "--json").stdout)
+    assert st["totals"]["scheduled"] == 4 and st["totals"]["leased"] == 0
+    rows = json.loads(cli("routes", "--json").stdout)
+    assert len(rows) == 4 and all(r["alive"] is None for r in rows)
+
+
+def test_dry_run_stores_nothing(cli, db, tmp_path):
+    f = tmp_path / "list.txt"
+    f.write_text(LIST)
+    out = json.loads(cli("import", str(f), "-w", "alpha", "--dry-run", "--json").stdout)
+    assert out["valid"] == 4 and out["imported"] == 0
+    with db.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM routes")).scalar() == 0
+    assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 0
+
+
+def test_broken_config_value_is_named(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("PROXY_QUEUE_SHARDS", "500")
+    get_settings.cache_clear()
+    res = cli("status", code=1)
+    assert "PROXY_QUEUE_SHARDS" in res.output
+
+
+def test_queue_verbs_and_typed_refusals(cli, db, tmp_path):
+    f = tmp_path / "list.txt"
+    f.write_text("127.0.0.1:3128\n127.0.0.1:3129\n")
+    cli("import", str(f), "-w", "alpha")
+    hashes = [r["route_hash"] for r in json.loads(cli("routes", "--json").stdout)]
+    states = {h: json.loads(cli("queue", "inspect", h, "--json").stdout)["result"]["state"] for h in hashes}
+    assert sorted(states.values()) == ["due", "waiting"]  # first due times spread over the interval
+    h = next(h for h, st in states.items() if st == "waiting")
+    assert json.loads(cli("queue", "check-now", h, "--json").stdout)["ok"]
+    assert json.loads(cli("queue", "inspect", h, "--json").stdout)["result"]["state"] == "due"
+    refused = json.loads(cli("queue", "obliterate", "--json", code=3).stdout)
+    assert refused == {"ok": False, "refused": "not_paused", "member": None}
+    cli("queue", "pause")
+    assert json.loads(cli("status", "--json").stdout)["paused"] is True
+    done = json.loads(cli("queue", "obliterate", "--json").stdout)["result"]
+    assert done == {"status": "done", "deleted_routes": 2}
+    gone = json.loads(cli("queue", "reprocess", h, "--json", code=3).stdout)
+    assert gone["refused"] == "not_dead"
+    cli("queue", "update", h, "not json", code=1)
+
+
+def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):
+    from magpie.lab.lab import start_free_lab
+
+    monkeypatch.setenv("MAGPIE_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    monkeypatch.setenv("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:1/none")
+    get_settings.cache_clear()
+    lab = start_free_lab(slow_delay=0.5)
+    try:
+        f = tmp_path / "lab.txt"
+        lab.write_list(f)
+        res = CliRunner().invoke(main, ["check", str(f), "--judge", lab.judge_url, "--timeout", "3", "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        by_route = {r["route"]: r for r in out["results"]}
+        for p in lab.proxies:
+            r = by_route[p.route.display()]
+            assert r["alive"] == p.expect_alive and r["anonymity"] == p.expect_anonymity, (p.name, r)
+    finally:
+        lab.stop()
+        get_settings.cache_clear()
