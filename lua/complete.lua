@@ -8,21 +8,48 @@
 local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
 local n = #KEYS - NCORE
-local res, touched = {}, {}
+local res = {}
+-- group items by shard: one ZMSCORE to fence and one variadic ZADD to reschedule per shard
+local groups, order = {}, {}
 for i = 1, n do
   local shard = KEYS[NCORE + i]
-  local member, prev = ARGV[3 * i], tonumber(ARGV[3 * i + 2])
-  local ok = fence(shard, member, ARGV[3 * i + 1])
-  res[i] = ok
-  if ok == 1 then
-    local base = math.floor(prev)
-    if now > base then base = now end
-    redis.call('ZADD', shard, base + interval, member)
-    redis.call('ZREM', K_LEASED, member)
-    if is_lease(prev) then redis.call('HDEL', K_STALLS, member) end
-    if is_retry(prev) then redis.call('HDEL', K_RETRIES, member) end
-    touched[shard] = true
+  if not groups[shard] then groups[shard] = {}; order[#order + 1] = shard end
+  table.insert(groups[shard], i)
+end
+local done = 0
+local hargs = {}
+for _, shard in ipairs(order) do
+  local items = groups[shard]
+  local members = {}
+  for j, i in ipairs(items) do members[j] = ARGV[3 * i] end
+  local scores = redis.call('ZMSCORE', shard, unpack(members))
+  local zargs, seen, low = {}, {}, nil
+  for j, i in ipairs(items) do
+    local member, prev = ARGV[3 * i], tonumber(ARGV[3 * i + 2])
+    local cur = scores[j]
+    if not cur then
+      res[i] = -2
+    elseif seen[member] or tonumber(cur) ~= tonumber(ARGV[3 * i + 1]) then
+      res[i] = -1  -- a second lease for the same route in one call: only the first can be current
+    else
+      seen[member] = true
+      res[i] = 1
+      local base = math.floor(prev)
+      if now > base then base = now end
+      if not low or base + interval < low then low = base + interval end
+      zargs[#zargs + 1] = base + interval
+      zargs[#zargs + 1] = member
+      if is_lease(prev) then redis.call('HDEL', K_STALLS, member) end
+      if is_retry(prev) then redis.call('HDEL', K_RETRIES, member) end
+      done = done + 1
+    end
+  end
+  if #zargs > 0 then
+    redis.call('ZADD', shard, unpack(zargs))
+    hargs[#hargs + 1] = low
+    hargs[#hargs + 1] = shard
   end
 end
-for shard in pairs(touched) do refresh_head(shard) end
+if #hargs > 0 then redis.call('ZADD', K_HEADS, 'LT', unpack(hargs)) end
+inflight_add(-done)
 return res

@@ -15,5 +15,5 @@ if ARGV[3] == 'in' then due = clock(ARGV[1]) + due end
 due = math.floor(due)
 redis.call('ZADD', shard, due, member)
 redis.call('HDEL', K_RETRIES, member)
-refresh_head(shard)
+lower_head(shard, due)
 return fmt(due)

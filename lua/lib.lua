@@ -1,7 +1,9 @@
 -- lib.lua: prelude prepended to every script by magpie/queue/scripts.py (not run on its own).
 -- Every script receives the same eight schedule keys first (KEYS[1..8]); script-specific keys follow.
 -- Score fractions mark state: .0 an ordinary due time, .25 a backoff retry due time, .5 a lease.
-local K_HEADS, K_LEASED, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- K_INFLIGHT counts outstanding leases (expired ones too, until re-claimed or ended): one INCRBY per
+-- batch instead of a per-route lease index.
+local K_HEADS, K_INFLIGHT, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local NCORE = 8
 
@@ -19,6 +21,13 @@ local function fmt(x) return string.format('%.2f', x) end
 local function is_lease(score) return score % 1 == 0.5 end
 local function is_retry(score) return score % 1 == 0.25 end
 
+-- The heads index holds, per shard, a lower bound of the shard's lowest score: writes that may lower
+-- it use lower_head (ZADD LT); writes that raise it leave it low; pop.lua, which reads the shard
+-- anyway, sets it exactly. A stale-low head costs one wasted read, never a missed due route.
+local function lower_head(shard, score)
+  redis.call('ZADD', K_HEADS, 'LT', score, shard)
+end
+
 local function refresh_head(shard)
   local first = redis.call('ZRANGE', shard, 0, 0, 'WITHSCORES')
   if #first == 0 then
@@ -30,7 +39,6 @@ end
 
 -- Per-route side state that goes away with the route.
 local function forget(member, logs_prefix)
-  redis.call('ZREM', K_LEASED, member)
   redis.call('HDEL', K_STALLS, member)
   redis.call('HDEL', K_RETRIES, member)
   redis.call('HDEL', K_PROGRESS, member)
@@ -40,6 +48,10 @@ local function forget(member, logs_prefix)
 end
 
 -- Fencing: 1 when the stored score equals the holder's lease score, else -1 (lost) or -2 (gone).
+local function inflight_add(n)
+  if n ~= 0 then redis.call('INCRBY', K_INFLIGHT, n) end
+end
+
 local function fence(shard, member, expected)
   local cur = redis.call('ZSCORE', shard, member)
   if not cur then return -2, nil end

@@ -2,8 +2,9 @@
 -- KEYS: the eight schedule keys (lib.lua).
 -- ARGV[1] clock override (0 = server clock), ARGV[2] max routes, ARGV[3] lease ms,
 -- ARGV[4] payload key prefix, ARGV[5] max outstanding leases (0 = no cap), ARGV[6] max stalls.
--- Returns { now, allowed, paused(0/1), dead_lettered, item... }, each item
---   { member, payload, previous_score, lease_score, shard, stalled(0/1), retry_attempts }.
+-- Returns { now, allowed, paused(0/1), dead_lettered, lease_score, item... }, each item
+--   { member, payload, previous_score, shard, stalled + 2 * retry_attempts }; every claim of one call
+--   shares the lease score.
 -- Re-claiming an expired lease is a stall, counted per route; more than max stalls in a row moves
 -- the route to the dead-letter set instead of claiming it.
 local now = clock(ARGV[1])
@@ -13,57 +14,128 @@ local pprefix = ARGV[4]
 local max_inflight = tonumber(ARGV[5])
 local max_stalled = tonumber(ARGV[6])
 
-if redis.call('EXISTS', K_PAUSED) == 1 then return { tostring(now), 0, 1, 0 } end
+if redis.call('EXISTS', K_PAUSED) == 1 then return { tostring(now), 0, 1, 0, '' } end
 if max_inflight > 0 then
-  local room = max_inflight - redis.call('ZCOUNT', K_LEASED, '(' .. now, '+inf')
+  local room = max_inflight - tonumber(redis.call('GET', K_INFLIGHT) or '0')
   if room < want then want = room end
 end
 if want < 0 then want = 0 end
-local out = { tostring(now), want, 0, 0 }
+local out = { tostring(now), want, 0, 0, '' }
+if want == 0 then return out end
 local lease_s = fmt(now + lease_ms + 0.5)
-local got, dead = 0, 0
-while got < want do
-  local h = redis.call('ZRANGE', K_HEADS, 0, 1, 'WITHSCORES')
-  if #h == 0 then break end
-  local shard, low = h[1], tonumber(h[2])
-  if low > now then break end
-  -- stay at or below the next shard's head so claims keep global (score, shard, member) order
-  local bound = fmt(now)
-  if #h >= 4 and tonumber(h[4]) <= now then
-    bound = fmt(tonumber(h[4]))
-    if h[3] < shard then bound = '(' .. bound end  -- equal scores: the lower shard key goes first
+local got, dead, delta = 0, 0, 0
+local due = redis.call('ZRANGE', K_HEADS, '-inf', now, 'BYSCORE')
+table.sort(due)  -- rank shards by key once: ties on score then compare numbers, not strings
+local cursors = {}
+for rank, shard in ipairs(due) do cursors[#cursors + 1] = { shard = shard, rank = rank, read = 0 } end
+
+-- fetch the next `chunk` due rows of a cursor (rows already claimed this call moved past now)
+local function fill(c, chunk)
+  local rows = redis.call('ZRANGE', c.shard, '-inf', now, 'BYSCORE', 'LIMIT', c.read, chunk, 'WITHSCORES')
+  local members, scores = {}, {}
+  for j = 1, #rows, 2 do
+    members[#members + 1] = rows[j]
+    scores[#scores + 1] = tonumber(rows[j + 1])
   end
-  local rows = redis.call('ZRANGE', shard, '-inf', bound, 'BYSCORE', 'LIMIT', 0, want - got, 'WITHSCORES')
-  for i = 1, #rows, 2 do
-    local member, score = rows[i], tonumber(rows[i + 1])
-    local payload = redis.call('GET', pprefix .. member)
-    if not payload then
-      redis.call('ZREM', shard, member)
-      redis.call('ZREM', K_LEASED, member)
-    else
+  c.members, c.scores, c.i, c.more = members, scores, 1, (#members == chunk)
+  c.read = c.read + #members
+end
+
+-- Rounds: merge the due shards (k-way, smallest (score, shard key, member) first) into up to `need`
+-- candidates, then claim them with one MGET and one variadic ZADD per shard. Another round runs only
+-- when candidates were dropped (payload gone) or dead-lettered.
+while got < want and #cursors > 0 do
+  local need = want - got
+  local chunk = math.max(4, math.ceil(need / #cursors) * 2)
+  for _, c in ipairs(cursors) do
+    c.read = 0  -- claims of the previous round moved out of the due range
+    fill(c, chunk)
+  end
+  -- current head score of each cursor in a flat array: one numeric scan per pick
+  local k = #cursors
+  local head = {}
+  for j = 1, k do head[j] = cursors[j].scores[1] or false end
+  local cand = {}
+  while #cand < need do
+    local bj, bs = nil, nil
+    for j = 1, k do
+      local sc = head[j]
+      if sc and (not bs or sc < bs) then bj, bs = j, sc end  -- ties keep the lower rank (earlier j)
+    end
+    if not bj then break end
+    local c = cursors[bj]
+    cand[#cand + 1] = { c, c.members[c.i], bs }
+    c.i = c.i + 1
+    if c.i > #c.members and c.more then fill(c, chunk) end
+    head[bj] = c.scores[c.i] or false
+  end
+  if #cand == 0 then break end
+
+  local pkeys = {}
+  for j, c in ipairs(cand) do pkeys[j] = pprefix .. c[2] end
+  local payloads = redis.call('MGET', unpack(pkeys))
+  local claim, drop = {}, {}
+  local dropped = false
+  for j, c in ipairs(cand) do
+    local cur, member, score = c[1], c[2], c[3]
+    local shard = cur.shard
+    local payload = payloads[j]
+    local keep = false
+    if payload then
+      keep = true
       local stalled, stalls = 0, 0
       if is_lease(score) then
         stalled = 1
         stalls = redis.call('HINCRBY', K_STALLS, member, 1)
       end
       if stalls > max_stalled then
-        redis.call('ZREM', shard, member)
-        redis.call('ZREM', K_LEASED, member)
+        keep = false
         redis.call('ZADD', K_DEAD, now, member)
-        redis.call('HSET', K_DEAD_INFO, member,
-          cjson.encode({ reason = 'stalled', stalls = stalls, at = now }))
+        redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, at = now }))
         dead = dead + 1
+        delta = delta - 1
       else
-        redis.call('ZADD', shard, lease_s, member)
-        redis.call('ZADD', K_LEASED, lease_s, member)
+        claim[shard] = claim[shard] or {}
+        table.insert(claim[shard], lease_s)
+        table.insert(claim[shard], member)
+        if stalled == 0 then delta = delta + 1 end  -- a re-claimed lease was already counted
         local attempts = 0
         if is_retry(score) then attempts = tonumber(redis.call('HGET', K_RETRIES, member) or '0') end
-        out[#out + 1] = { member, payload, fmt(score), lease_s, shard, stalled, attempts }
+        out[#out + 1] = { member, payload, fmt(score), shard, stalled + 2 * attempts }
         got = got + 1
       end
+    elseif is_lease(score) then
+      delta = delta - 1
+    end
+    if not keep then
+      drop[shard] = drop[shard] or {}
+      table.insert(drop[shard], member)
+      dropped = true
     end
   end
-  refresh_head(shard)
+  for shard, args in pairs(claim) do redis.call('ZADD', shard, unpack(args)) end
+  for shard, members in pairs(drop) do redis.call('ZREM', shard, unpack(members)) end
+  if not dropped then break end
 end
+
+-- Exact heads for every shard read: the next unclaimed due row, or the shard's lowest score.
+local hargs, gone = {}, {}
+for _, c in ipairs(cursors) do
+  local low = c.scores and c.scores[c.i]
+  if not low then
+    local first = redis.call('ZRANGE', c.shard, 0, 0, 'WITHSCORES')
+    low = first[2]
+  end
+  if low then
+    hargs[#hargs + 1] = low
+    hargs[#hargs + 1] = c.shard
+  else
+    gone[#gone + 1] = c.shard
+  end
+end
+if #hargs > 0 then redis.call('ZADD', K_HEADS, unpack(hargs)) end
+if #gone > 0 then redis.call('ZREM', K_HEADS, unpack(gone)) end
+inflight_add(delta)
 out[4] = dead
+out[5] = lease_s
 return out

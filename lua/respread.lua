@@ -3,7 +3,7 @@
 -- ARGV[2i+1] offset ms from now. Returns { moved, skipped_leased, missing }.
 local shard = KEYS[NCORE + 1]
 local now = clock(ARGV[1])
-local moved, leased, missing = 0, 0, 0
+local moved, leased, missing, low = 0, 0, 0, nil
 for i = 2, #ARGV, 2 do
   local member = ARGV[i]
   local cur = redis.call('ZSCORE', shard, member)
@@ -12,9 +12,11 @@ for i = 2, #ARGV, 2 do
   elseif is_lease(tonumber(cur)) then
     leased = leased + 1
   else
-    redis.call('ZADD', shard, now + math.floor(tonumber(ARGV[i + 1])), member)
+    local due = now + math.floor(tonumber(ARGV[i + 1]))
+    redis.call('ZADD', shard, due, member)
+    if not low or due < low then low = due end
     moved = moved + 1
   end
 end
-refresh_head(shard)
+if low then lower_head(shard, low) end
 return { moved, leased, missing }

@@ -10,7 +10,10 @@ local now = clock(ARGV[1])
 local pprefix = ARGV[2]
 local n = #KEYS - NCORE
 local new, merged, unchanged = 0, 0, 0
-local touched = {}
+local low = {}
+local function touch(shard, due)
+  if not low[shard] or due < low[shard] then low[shard] = due end
+end
 for i = 1, n do
   local shard = KEYS[NCORE + i]
   local member, payload, offset = ARGV[3 * i], ARGV[3 * i + 1], tonumber(ARGV[3 * i + 2])
@@ -19,7 +22,7 @@ for i = 1, n do
   if not cur then
     redis.call('SET', pkey, payload)
     redis.call('ZADD', shard, now + offset, member)
-    touched[shard] = true
+    touch(shard, now + offset)
     new = new + 1
   else
     local changed = false
@@ -35,11 +38,16 @@ for i = 1, n do
     end
     if not redis.call('ZSCORE', shard, member) and not redis.call('ZSCORE', K_DEAD, member) then
       redis.call('ZADD', shard, now + offset, member)
-      touched[shard] = true
+      touch(shard, now + offset)
       changed = true
     end
     if changed then merged = merged + 1 else unchanged = unchanged + 1 end
   end
 end
-for shard in pairs(touched) do refresh_head(shard) end
+local hargs = {}
+for shard, due in pairs(low) do
+  hargs[#hargs + 1] = due
+  hargs[#hargs + 1] = shard
+end
+if #hargs > 0 then redis.call('ZADD', K_HEADS, 'LT', unpack(hargs)) end
 return { new, merged, unchanged }

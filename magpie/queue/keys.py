@@ -62,9 +62,10 @@ class QueueKeys:
         return self.base + "proxy_queue_heads"
 
     @property
-    def leased(self) -> str:
-        """Lease index: member -> lease score of every lease handed out and not yet completed."""
-        return self.base + "proxy_leased"
+    def inflight(self) -> str:
+        """Counter of outstanding leases (``MAGPIE_MAX_INFLIGHT`` is enforced against it in ``pop.lua``).
+        Expired leases stay counted until re-claimed, dead-lettered or removed."""
+        return self.base + "proxy_inflight"
 
     @property
     def dead(self) -> str:
@@ -103,5 +104,5 @@ class QueueKeys:
 
     def core(self) -> list[str]:
         """The eight keys every script receives first, in ``lua/lib.lua`` order."""
-        return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
+        return [self.heads, self.inflight, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
                 self.progress]

@@ -76,7 +76,7 @@ class Lease:
     stalled: bool = False
     retry_attempts: int = 0
     server_offset_ms: float = 0.0
-    _token: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    _token: threading.Event | None = field(default=None, repr=False, compare=False)
 
     @property
     def expires_at_ms(self) -> float:
@@ -90,10 +90,17 @@ class Lease:
     @property
     def cancelled(self) -> bool:
         """True once a fenced call on this lease was refused: the check should stop."""
-        return self._token.is_set()
+        return self._token is not None and self._token.is_set()
+
+    @property
+    def token(self) -> threading.Event:
+        """The cancellation token (an Event, created on first use) for a check to wait on."""
+        if self._token is None:
+            self._token = threading.Event()
+        return self._token
 
     def cancel(self) -> None:
-        self._token.set()
+        self.token.set()
 
     def to_dict(self) -> dict:
         """JSON-safe dict for a Celery message (without the cancellation token)."""
@@ -173,8 +180,9 @@ class RouteQueue:
         after = time.time() * 1000
         offset = float(_s(raw[0])) - (before + after) / 2
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
-        return [Lease(_s(m), _s(p), _s(prev), _s(lease), _s(shard), bool(int(st)), int(att), offset)
-                for m, p, prev, lease, shard, st, att in raw[4:]]
+        lease_s = _s(raw[4])
+        return [Lease(_s(m), _s(p), _s(prev), lease_s, _s(shard), bool(int(f) & 1), int(f) >> 1, offset)
+                for m, p, prev, shard, f in raw[5:]]
 
     def _fenced(self, lease: Lease, res):
         if isinstance(res, int) and res < 0:
@@ -372,7 +380,7 @@ class RouteQueue:
         """
         k = self.keys
         status, deleted = self.scripts.obliterate(keys=self._core + k.all_shards(), args=[
-            self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0"])
+            self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0", self.lease_ms])
         status = _s(status)
         if status in ("not_paused", "active_leases"):
             raise QueueError(status)
@@ -469,9 +477,10 @@ class RouteQueue:
         """Per-shard counts for operators (not on the hot path).
 
         Returns ``{"now_ms", "paused", "shards": [{"shard", "scheduled", "leased", "expired_leases",
-        "due_now", "next_due_ms", "oldest_lateness_s"}], "totals": {...}}``. ``due_now`` counts every
-        claimable member (ordinary due routes and expired leases); lateness is now minus the oldest
-        claimable score, in seconds.
+        "due_now", "next_due_ms", "oldest_lateness_s"}], "totals": {...}}``. ``leased`` counts live
+        leases (scanned within one lease length ahead); ``due_now`` counts every claimable member
+        (ordinary due routes and expired leases); lateness is now minus the oldest claimable score, in
+        seconds; ``totals.inflight_counter`` is the counter ``MAGPIE_MAX_INFLIGHT`` is checked against.
         """
         now = self.server_time_ms()
         k = self.keys
@@ -481,19 +490,18 @@ class RouteQueue:
             pipe.zrangebyscore(shard, "-inf", now, start=0, num=1, withscores=True)
             pipe.zcount(shard, "-inf", now)
             pipe.zrangebyscore(shard, f"({now}", "+inf", withscores=True, start=0, num=1)
-        pipe.zrangebyscore(k.leased, "-inf", "+inf", withscores=True)
+            pipe.zrangebyscore(shard, f"({now}", now + self.lease_ms + 1, withscores=True)
+            pipe.zrangebyscore(shard, "-inf", now, withscores=True)
         pipe.zcard(k.dead)
         pipe.exists(k.paused)
+        pipe.get(k.inflight)
         res = pipe.execute()
-        lease_rows, dead, paused = res[-3:]
-        per_shard: dict[str, list[int]] = {}
-        for m, sc in lease_rows:
-            entry = per_shard.setdefault(k.shard_of(_s(m)), [0, 0])
-            entry[0 if sc > now else 1] += 1
+        dead, paused, inflight = res[-3:]
         shards = []
         for i, shard in enumerate(k.all_shards()):
-            card, oldest, due, nxt = res[4 * i: 4 * i + 4]
-            live, expired = per_shard.get(shard, [0, 0])
+            card, oldest, due, nxt, live_rows, due_rows = res[6 * i: 6 * i + 6]
+            live = sum(1 for _, sc in live_rows if is_lease_score(sc))
+            expired = sum(1 for _, sc in due_rows if is_lease_score(sc))
             shards.append({
                 "shard": shard, "scheduled": int(card), "leased": live, "expired_leases": expired,
                 "due_now": int(due), "next_due_ms": int(nxt[0][1]) if nxt else None,
@@ -505,6 +513,7 @@ class RouteQueue:
             "expired_leases": sum(s["expired_leases"] for s in shards),
             "due_now": sum(s["due_now"] for s in shards),
             "dead": int(dead),
+            "inflight_counter": int(inflight or 0),
             "next_due_ms": min((s["next_due_ms"] for s in shards if s["next_due_ms"]), default=None),
             "oldest_lateness_s": max((s["oldest_lateness_s"] for s in shards), default=0.0),
         }

@@ -1,0 +1,155 @@
+"""Route-schedule benchmark: import rate, claim+complete cycles/s, Redis memory per route, and the
+no-script ceiling for the same data movement, all measured in one run against the local Redis.
+
+    .venv/bin/python benchmarks/queue_bench.py [--routes 1000000] [--seconds 5] [--batch 64] [--procs 2]
+
+Uses its own key prefix on Redis database 14 and deletes everything it wrote at the end. Prints each
+figure, our batched rate as a ratio of the ceiling, and one summary line of key=value pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import sys
+import time
+import uuid
+
+import redis
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
+from magpie.routes import Route  # noqa: E402
+
+URL = os.environ.get("MAGPIE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+SHARDS = 16
+
+
+def payload_for(i: int) -> tuple[str, str]:
+    """A route hash and a ~150-byte payload (credentials, two workspaces)."""
+    h = f"{i:024x}"
+    p = Payload(i + 1, Route("socks5", f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1080,
+                             "user" + str(i % 997), "pw-" + uuid.UUID(int=i).hex[:20]), h, [1, 2]).encode()
+    pad = 150 - len(p)
+    if pad > 0:  # stretch the password so every payload is 150 bytes
+        p = Payload(i + 1, Route("socks5", f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1080,
+                                 "user" + str(i % 997), "pw-" + uuid.UUID(int=i).hex[:20] + "x" * pad), h,
+                    [1, 2]).encode()
+    return h, p
+
+
+def queue(prefix: str) -> RouteQueue:
+    # interval 1 ms: every completed route is due again at once, so the supply never runs out
+    return RouteQueue(redis.Redis.from_url(URL), QueueKeys(prefix, SHARDS), interval_ms=1, lease_ms=300_000)
+
+
+def cycles_ours(prefix: str, batch: int, seconds: float, out=None) -> float:
+    """Claim+complete cycles (routes/s) through pop.lua + complete.lua, ``batch`` routes per call."""
+    q = queue(prefix)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        leases = q.pop(batch)
+        codes = q.complete(leases)
+        n += sum(1 for c in codes if c == 1)
+    rate = n / (time.perf_counter() - t0)
+    if out is not None:
+        out.put(rate)
+    return rate
+
+
+def cycles_ceiling(prefix: str, batch: int, seconds: float, out=None) -> float:
+    """The same data movement with no script and no fencing: ZRANGE BYSCORE LIMIT, MGET + ZADD (lease),
+    ZADD (next due), pipelined, from the same client setup. Routes/s."""
+    r = redis.Redis.from_url(URL)
+    k = QueueKeys(prefix, SHARDS)
+    shards = k.all_shards()
+    n, i, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        shard = shards[i % len(shards)]
+        i += 1
+        now = int(time.time() * 1000)
+        rows = r.zrange(shard, "-inf", now, byscore=True, offset=0, num=batch, withscores=True)
+        if not rows:
+            continue
+        members = [m for m, _ in rows]
+        p = r.pipeline(transaction=False)
+        p.mget([k.payload_prefix + m.decode() for m in members])
+        p.zadd(shard, {m: now + 300_000.5 for m in members})
+        p.execute()
+        r.zadd(shard, {m: now + 1 for m in members})
+        n += len(members)
+    rate = n / (time.perf_counter() - t0)
+    if out is not None:
+        out.put(rate)
+    return rate
+
+
+def parallel(fn, prefix: str, batch: int, seconds: float, procs: int) -> float:
+    out = mp.Queue()
+    ps = [mp.Process(target=fn, args=(prefix, batch, seconds, out)) for _ in range(procs)]
+    for p in ps:
+        p.start()
+    rates = [out.get() for _ in ps]
+    for p in ps:
+        p.join()
+    return sum(rates)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--routes", type=int, default=1_000_000)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=2)
+    a = ap.parse_args()
+    prefix = f"magpie-bench:{uuid.uuid4().hex[:8]}:"
+    r = redis.Redis.from_url(URL)
+    q = queue(prefix)
+    try:
+        sample = payload_for(12345)[1]
+        print(f"routes={a.routes} shards={SHARDS} payload_bytes={len(sample)} batch={a.batch} "
+              f"seconds_per_figure={a.seconds} procs={a.procs}")
+        r.execute_command("MEMORY", "PURGE") if hasattr(r, "execute_command") else None
+        mem0 = int(r.info("memory")["used_memory"])
+        t0 = time.perf_counter()
+        chunk = 10_000
+        for off in range(0, a.routes, chunk):
+            q.schedule((payload_for(i) for i in range(off, min(off + chunk, a.routes))), total=a.routes,
+                       start_index=off, batch=500)
+        import_s = time.perf_counter() - t0
+        mem1 = int(r.info("memory")["used_memory"])
+        per_route = (mem1 - mem0) / a.routes
+        import_rate = a.routes / import_s
+        print(f"import: {import_rate:,.0f} routes/s ({import_s:.1f} s)")
+        print(f"redis memory: {per_route:.0f} bytes/route (used_memory delta {(mem1 - mem0) / 2**20:.1f} MiB)")
+        time.sleep(0.01)
+
+        single = cycles_ours(prefix, 1, a.seconds)
+        print(f"ours, one process, 1 route per script call: {single:,.0f} routes/s")
+        batched = cycles_ours(prefix, a.batch, a.seconds)
+        print(f"ours, one process, {a.batch} routes per script call: {batched:,.0f} routes/s")
+        ceil_single = cycles_ceiling(prefix, 1, a.seconds)
+        print(f"ceiling (no script, no fencing), one process, 1 route per round: {ceil_single:,.0f} routes/s")
+        ceiling = cycles_ceiling(prefix, a.batch, a.seconds)
+        print(f"ceiling (no script, no fencing), one process, {a.batch} routes per round: {ceiling:,.0f} routes/s")
+        multi = parallel(cycles_ours, prefix, a.batch, a.seconds, a.procs)
+        print(f"ours, {a.procs} processes, {a.batch} per call: {multi:,.0f} routes/s")
+        multi_ceiling = parallel(cycles_ceiling, prefix, a.batch, a.seconds, a.procs)
+        print(f"ceiling, {a.procs} processes, {a.batch} per round: {multi_ceiling:,.0f} routes/s")
+        ratio = batched / ceiling
+        print(f"ratio ours/ceiling, batched one process: {ratio:.2f}; unbatched: {single / ceil_single:.2f}; "
+              f"{a.procs} processes: {multi / multi_ceiling:.2f}")
+        print(f"summary routes={a.routes} import_routes_per_s={import_rate:.0f} routes_per_s={batched:.0f} "
+              f"routes_per_s_single={single:.0f} routes_per_s_multi={multi:.0f} ceiling_routes_per_s={ceiling:.0f} "
+              f"ceiling_ratio={ratio:.2f} bytes_per_route={per_route:.0f}")
+    finally:
+        keys = list(r.scan_iter(match=f"*{prefix}*", count=10_000))
+        for i in range(0, len(keys), 10_000):
+            r.delete(*keys[i: i + 10_000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
