@@ -10,6 +10,7 @@ A bad value raises :class:`ConfigError` at start with the variable's name in the
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -77,6 +78,131 @@ class Settings(BaseSettings):
     stats_interval: float = Field(1.0, alias="MAGPIE_STATS_INTERVAL", gt=0)
     """Seconds between beat-triggered statistics ingestion passes."""
 
+    # -- alerts, webhook delivery and the email outbox (issue 5) ------------------------------------
+    alert_eval_interval: float = Field(60.0, alias="MAGPIE_ALERT_EVAL_INTERVAL", gt=0)
+    """Seconds between beat-triggered alert evaluations (one per minute; streaks count minutes)."""
+    alert_window_seconds: int = Field(900, alias="MAGPIE_ALERT_WINDOW_SECONDS", ge=60)
+    """Check-history window in seconds read by success-rate and latency rules (15 minutes)."""
+    alert_freshness_seconds: int = Field(600, alias="MAGPIE_ALERT_FRESHNESS_SECONDS", ge=1)
+    """A route counts as usable only if alive and checked within this many seconds (rule may override)."""
+    alert_open_minutes: int = Field(2, alias="MAGPIE_ALERT_OPEN_MINUTES", ge=1)
+    """Consecutive breached evaluation minutes that open an incident."""
+    alert_recover_minutes: int = Field(2, alias="MAGPIE_ALERT_RECOVER_MINUTES", ge=1)
+    """Consecutive healthy evaluation minutes that recover an open incident."""
+    alert_query_timeout_ms: int = Field(10_000, alias="MAGPIE_ALERT_QUERY_TIMEOUT_MS", ge=100)
+    """PostgreSQL statement timeout of one measurement query; a timeout makes the rules Unknown."""
+
+    delivery_workers: int = Field(10, alias="MAGPIE_DELIVERY_WORKERS", ge=1, le=200)
+    """Parallel webhook senders per delivery task / ``magpie alerts deliver`` process."""
+    delivery_interval: float = Field(5.0, alias="MAGPIE_DELIVERY_INTERVAL", gt=0)
+    """Seconds between beat-triggered webhook delivery drains."""
+    delivery_drain_seconds: float = Field(4.0, alias="MAGPIE_DELIVERY_DRAIN_SECONDS", gt=0)
+    """A drain stops claiming new webhook deliveries after this many seconds (keep it below the interval so
+    beat-triggered drains rarely overlap)."""
+    delivery_claim_seconds: float = Field(60.0, alias="MAGPIE_DELIVERY_CLAIM_SECONDS", gt=0)
+    """Lifetime in seconds of a delivery claim; an expired claim is re-claimed by another worker."""
+    webhook_timeout: float = Field(10.0, alias="MAGPIE_WEBHOOK_TIMEOUT", gt=0)
+    """Connect and read timeout in seconds of one webhook POST."""
+    webhook_max_attempts: int = Field(4, alias="MAGPIE_WEBHOOK_MAX_ATTEMPTS", ge=1, le=100)
+    """Attempts per webhook delivery before it is marked failed."""
+    webhook_backoff_base: float = Field(10.0, alias="MAGPIE_WEBHOOK_BACKOFF_BASE", gt=0)
+    """Seconds before the first webhook retry (exponential, factor 2, equal jitter: never immediate)."""
+    webhook_backoff_cap: float = Field(600.0, alias="MAGPIE_WEBHOOK_BACKOFF_CAP", gt=0)
+    """Upper bound in seconds on a webhook retry delay."""
+    webhook_allow_private: bool = Field(False, alias="MAGPIE_WEBHOOK_ALLOW_PRIVATE")
+    """Allow webhook targets resolving to private, loopback or link-local addresses (off by default)."""
+
+    smtp_host: str = Field("127.0.0.1", alias="MAGPIE_SMTP_HOST")
+    """SMTP server for the email outbox."""
+    smtp_port: int = Field(25, alias="MAGPIE_SMTP_PORT", ge=1, le=65535)
+    smtp_user: str | None = Field(None, alias="MAGPIE_SMTP_USER")
+    """SMTP login; sent only over TLS or to a loopback server."""
+    smtp_password: str | None = Field(None, alias="MAGPIE_SMTP_PASSWORD")
+    smtp_tls: str = Field("none", alias="MAGPIE_SMTP_TLS", pattern=r"^(none|starttls|tls)$")
+    """``none`` (plain), ``starttls`` (upgrade after EHLO) or ``tls`` (implicit TLS, usually port 465)."""
+    smtp_from: str = Field("magpie@localhost", alias="MAGPIE_SMTP_FROM")
+    smtp_timeout: float = Field(30.0, alias="MAGPIE_SMTP_TIMEOUT", gt=0)
+    """Seconds; socket timeout of one SMTP session."""
+    smtp_ca_file: str | None = Field(None, alias="MAGPIE_SMTP_CA_FILE")
+    """PEM bundle trusted for the SMTP server's certificate (default: the system store)."""
+    email_workers: int = Field(4, alias="MAGPIE_EMAIL_WORKERS", ge=1, le=200)
+    """Parallel SMTP senders per email task / ``magpie outbox work`` process."""
+    email_interval: float = Field(5.0, alias="MAGPIE_EMAIL_INTERVAL", gt=0)
+    """Seconds between beat-triggered outbox drains."""
+    email_drain_seconds: float = Field(4.0, alias="MAGPIE_EMAIL_DRAIN_SECONDS", gt=0)
+    """An outbox drain stops claiming new rows after this many seconds (keep it below the interval)."""
+    email_claim_seconds: float = Field(120.0, alias="MAGPIE_EMAIL_CLAIM_SECONDS", gt=0)
+    """Lifetime in seconds of an outbox claim; housekeeping returns expired claims to pending."""
+    email_max_attempts: int = Field(8, alias="MAGPIE_EMAIL_MAX_ATTEMPTS", ge=1, le=100)
+    """Attempts per outbox email before it is marked failed."""
+    email_backoff_base: float = Field(30.0, alias="MAGPIE_EMAIL_BACKOFF_BASE", gt=0)
+    """Seconds before the first email retry (exponential, factor 2, equal jitter: never immediate)."""
+    email_backoff_cap: float = Field(3600.0, alias="MAGPIE_EMAIL_BACKOFF_CAP", gt=0)
+    """Upper bound in seconds on an email retry delay."""
+    outbox_retention_seconds: int = Field(7 * 86400, alias="MAGPIE_OUTBOX_RETENTION_SECONDS", ge=0)
+    """Sent outbox rows older than this (by ``sent_at``) are deleted by housekeeping."""
+    outbox_housekeeping_interval: float = Field(60.0, alias="MAGPIE_OUTBOX_HOUSEKEEPING_INTERVAL", gt=0)
+    """Seconds between beat-triggered outbox housekeeping passes."""
+    invitation_ttl_seconds: int = Field(7 * 86400, alias="MAGPIE_INVITATION_TTL_SECONDS", ge=60)
+    """Validity of a workspace invitation in seconds."""
+
+    # -- maintenance, statistics upkeep and metrics (issue 4) ------------------------------------------
+    stats_max_deliveries: int = Field(5, alias="MAGPIE_STATS_MAX_DELIVERIES", ge=1, le=1000)
+    """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream
+    on its next delivery instead of being applied again."""
+    stats_overflow: Literal["block", "drop_new", "evict_oldest"] = Field(
+        "evict_oldest", alias="MAGPIE_STATS_OVERFLOW"
+    )
+    """What a check does when the results stream holds ``MAGPIE_STATS_STREAM_MAXLEN`` unconsumed entries:
+    ``evict_oldest`` (drop the oldest unconsumed entries), ``drop_new`` (drop the new results) or ``block``
+    (wait up to ``MAGPIE_STATS_BLOCK_TIMEOUT`` for room, then drop the new results). Every drop is counted."""
+    stats_block_timeout: float = Field(2.0, alias="MAGPIE_STATS_BLOCK_TIMEOUT", ge=0, le=300)
+    """Seconds a ``block`` producer waits for room in the results stream before dropping."""
+    stats_consumer_idle: float = Field(3600.0, alias="MAGPIE_STATS_CONSUMER_IDLE", gt=0)
+    """Seconds idle after which a stream consumer with no pending entries is deleted from the group."""
+    stats_ledger_min_age: float = Field(3600.0, alias="MAGPIE_STATS_LEDGER_MIN_AGE", ge=0)
+    """Seconds a replay-ledger row is kept at least, even once it is below the replay floor (guards a
+    consumer stalled mid-batch while another one reclaimed and acknowledged its entries)."""
+
+    maintenance_batch_size: int = Field(5000, alias="MAGPIE_MAINTENANCE_BATCH_SIZE", ge=1, le=1_000_000)
+    """Rows (routes for per-route jobs) one maintenance batch handles; every batch is its own transaction."""
+    maintenance_max_batches: int = Field(200, alias="MAGPIE_MAINTENANCE_MAX_BATCHES", ge=1)
+    """Most batches one pass of a maintenance job runs; the next pass continues where it stopped."""
+    maintenance_max_run_seconds: float = Field(120.0, alias="MAGPIE_MAINTENANCE_MAX_RUN_SECONDS", gt=0)
+    """Seconds after which a maintenance pass stops at its next batch boundary."""
+    maintenance_lock_ttl: float = Field(60.0, alias="MAGPIE_MAINTENANCE_LOCK_TTL", ge=1)
+    """Seconds of a maintenance job's leader-lock lease (renewed every third of it while the job runs)."""
+    maintenance_cadences: str = Field("", alias="MAGPIE_MAINTENANCE_CADENCES")
+    """Per-job cadence overrides in seconds, ``job=seconds`` separated by commas
+    (``history_retention=1800,orphans=300``); ``0`` takes a job off the beat schedule."""
+    partition_months_ahead: int = Field(3, alias="MAGPIE_PARTITION_MONTHS_AHEAD", ge=1, le=36)
+    """Monthly ``check_history`` partitions are created this many months beyond the current one."""
+    history_retention_days: int = Field(90, alias="MAGPIE_HISTORY_RETENTION_DAYS", ge=1)
+    """Days of check history kept; a monthly partition is dropped once its whole month is older."""
+    body_retention_days: int = Field(7, alias="MAGPIE_BODY_RETENTION_DAYS", ge=0)
+    """Days a check's judge response body is kept before it is blanked (set to NULL)."""
+    daily_retention_days: int = Field(400, alias="MAGPIE_DAILY_RETENTION_DAYS", ge=1)
+    """Days of ``route_daily`` counters kept."""
+    rollup_lookback_days: int = Field(2, alias="MAGPIE_ROLLUP_LOOKBACK_DAYS", ge=0, le=60)
+    """Closed days recomputed by every daily-counter pass (late results still land in them)."""
+    token_retention_days: int = Field(7, alias="MAGPIE_TOKEN_RETENTION_DAYS", ge=0)
+    """Days expired, used or revoked password-reset tokens and unaccepted invitations are kept."""
+    schedule_auto_rebuild: bool = Field(True, alias="MAGPIE_SCHEDULE_AUTO_REBUILD")
+    """Rebuild the Redis schedule from PostgreSQL when its bootstrap marker is gone (Redis lost data)."""
+
+    metrics_port: int | None = Field(None, alias="MAGPIE_METRICS_PORT", ge=1, le=65535)
+    """When set, each Celery worker's main process serves ``/metrics`` on this port."""
+    metrics_host: str = Field("127.0.0.1", alias="MAGPIE_METRICS_HOST")
+    """Address the metrics endpoint binds to."""
+    health_timeout: float = Field(2.0, alias="MAGPIE_HEALTH_TIMEOUT", gt=0, le=60)
+    """Seconds each readiness probe (Redis, PostgreSQL, broker) may take."""
+
+    @field_validator("maintenance_cadences")
+    @classmethod
+    def _cadences(cls, v: str) -> str:
+        parse_cadences(v)
+        return v
+
     @field_validator("redis_prefix")
     @classmethod
     def _prefix_nonempty(cls, v: str) -> str:
@@ -90,6 +216,30 @@ class Settings(BaseSettings):
         if not v.startswith("postgresql"):
             raise ValueError("must be a postgresql:// URL")
         return v
+
+
+def parse_cadences(text: str) -> dict[str, float]:
+    """Parse ``MAGPIE_MAINTENANCE_CADENCES`` (``"job=seconds,job=seconds"``) into ``{job: seconds}``.
+
+    Raises ``ValueError`` on a malformed pair or a negative number (job names are checked by
+    :mod:`magpie.maintenance.beat`).
+    """
+    out: dict[str, float] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"expected job=seconds, got {part!r}")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise ValueError(f"not a number of seconds for {name.strip()!r}: {value!r}") from None
+        if seconds < 0:
+            raise ValueError(f"negative cadence for {name.strip()!r}")
+        out[name.strip()] = seconds
+    return out
 
 
 def load_settings(**overrides) -> Settings:

@@ -49,6 +49,7 @@ class BatchReport:
     aborted: int = 0
     malformed: int = 0
     retried: int = 0
+    stale_completions: int = 0
     published: int = 0
 
 
@@ -124,6 +125,7 @@ def run_check_batch(queue: RouteQueue, checker, leases: Sequence[Lease], *,
             entries.append(fields)
         else:
             report.lease_lost += 1
+            report.stale_completions += 1
     if entries:
         publish(entries)
         report.published = len(entries)

@@ -30,17 +30,26 @@ def check_routes(leases: list[dict]) -> dict:
 
     from magpie.backoff import Backoff
     from magpie.cycle import run_check_batch
+    from magpie.metrics import check_outcomes, lease_lateness_ms, record_check_batch
     from magpie.queue import Lease
     from magpie.stats import stream
 
     s = runtime.settings()
     r = runtime.redis_client()
+    held = [Lease.from_dict(d) for d in leases]
+    lateness = lease_lateness_ms(held)
+    published: list[dict] = []
+
+    def publish(entries: list[dict]) -> None:
+        published.extend(entries)
+        stream.publish_with_settings(r, s, entries)
+
     report = run_check_batch(
-        runtime.route_queue(), runtime.checker(), [Lease.from_dict(d) for d in leases],
-        publish=lambda entries: stream.publish(r, s.redis_prefix, entries, s.stats_stream_maxlen),
+        runtime.route_queue(), runtime.checker(), held, publish=publish,
         renew_below_ms=s.renew_below_seconds * 1000,
         backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
     )
+    record_check_batch(r, s.redis_prefix, check_outcomes(report, published), report.stale_completions, lateness)
     return asdict(report)
 
 
@@ -55,7 +64,8 @@ def ingest_stats() -> int:
     consumer = f"{socket.gethostname()}-{os.getpid()}"
     total = 0
     for _ in range(20):
-        rep = stream.ingest(r, runtime.engine(), s.redis_prefix, consumer, batch=s.stats_batch)
+        rep = stream.ingest(r, runtime.engine(), s.redis_prefix, consumer, batch=s.stats_batch,
+                            max_deliveries=s.stats_max_deliveries)
         total += rep.committed
         if rep.read == 0:
             break
@@ -63,6 +73,63 @@ def ingest_stats() -> int:
 
 
 # -- maintenance, statistics upkeep and metrics (issue 4) ----------------------------------------------
+from magpie.metrics import install_worker_exporter  # noqa: E402
+
+install_worker_exporter()  # serves /metrics from the worker's main process when MAGPIE_METRICS_PORT is set
+
+
+@app.task(name="magpie.maintenance.run", ignore_result=True)
+def maintenance_run(job: str) -> dict:
+    """Beat-triggered: one pass of maintenance job ``job`` under its leader lock (see magpie.maintenance)."""
+    from magpie.maintenance.runner import run_job
+
+    return run_job(job, runtime.settings(), engine=runtime.engine(), redis=runtime.redis_client())
+
+
+@app.task(name="magpie.maintenance.rebuild_schedule", ignore_result=True)
+def maintenance_rebuild_schedule() -> dict:
+    """On demand: schedule every stored route again (keeps routes still present) under the rebuild lock."""
+    from magpie.maintenance.rebuild import rebuild_schedule
+
+    return rebuild_schedule(runtime.settings(), engine=runtime.engine(), queue=runtime.route_queue())
 
 
 # -- alerts, webhook delivery and the email outbox (issue 5) ---------------------------------------------
+
+
+@app.task(name="magpie.alerts.evaluate", ignore_result=True)
+def alerts_evaluate() -> dict | None:
+    """Beat-triggered, once a minute: evaluate every enabled alert rule under the ``alerts`` leader lock.
+    Returns the report as a dict, or ``None`` when another instance leads."""
+    from magpie.alerts.evaluate import run_evaluation
+
+    rep = run_evaluation(runtime.redis_client(), runtime.engine(), runtime.settings())
+    return None if rep is None else rep.as_json()
+
+
+@app.task(name="magpie.delivery.drain", ignore_result=True)
+def delivery_drain() -> dict:
+    """Beat-triggered: send due webhook deliveries with MAGPIE_DELIVERY_WORKERS threads; outcome counts."""
+    from magpie.alerts.delivery import run_delivery_workers
+
+    return dict(run_delivery_workers(runtime.engine(), runtime.settings()))
+
+
+@app.task(name="magpie.email.drain", ignore_result=True)
+def email_drain() -> dict:
+    """Beat-triggered: send due outbox emails with MAGPIE_EMAIL_WORKERS threads; outcome counts."""
+    from magpie.outbox.service import run_outbox_workers
+
+    return dict(run_outbox_workers(runtime.engine(), runtime.settings()))
+
+
+@app.task(name="magpie.email.housekeeping", ignore_result=True)
+def email_housekeeping() -> dict | None:
+    """Beat-triggered: outbox housekeeping under the ``outbox-housekeeping`` leader lock (expired claims
+    back to pending or failed, sent rows past retention deleted). ``None`` when another instance leads."""
+    from dataclasses import asdict
+
+    from magpie.outbox.service import run_housekeeping
+
+    rep = run_housekeeping(runtime.redis_client(), runtime.engine(), runtime.settings())
+    return None if rep is None else asdict(rep)

@@ -84,3 +84,62 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
         assert n >= 2 * len(expected)
     finally:
         lab.stop()
+
+
+def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg_url, redis_prefix, tmp_path):
+    """SIGKILL a worker while it holds leases: nothing is lost, another worker checks the routes once
+    their leases expire (no sweeper), and the schedule ends with no stranded lease."""
+    from datetime import datetime, timezone
+
+    from magpie.queue import RouteQueue
+
+    lab = start_free_lab(slow_delay=3.0)
+    try:
+        env = dict(os.environ)
+        env.update({
+            "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
+            "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
+            "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
+            "MAGPIE_JUDGE_URL": lab.judge_url, "MAGPIE_CHECK_INTERVAL": "2", "MAGPIE_CHECK_TIMEOUT": "5",
+            "MAGPIE_LEASE_SECONDS": "4", "MAGPIE_RENEW_BELOW_SECONDS": "0",
+        })
+        lst = tmp_path / "lab.txt"
+        lab.write_list(lst)
+        s2 = settings.model_copy(update={"check_interval": 2.0, "lease_seconds": 4.0})
+        import_file(lst, "crash", s2)
+        q = RouteQueue.from_settings(s2)
+        log = open(tmp_path / "celery.log", "w")
+        worker_args = ["worker", "-Q", "promote,checks,stats", "--concurrency=2", "--loglevel=info",
+                       "--without-mingle", "--without-gossip"]
+        beat = spawn(["beat", "--loglevel=info", f"--schedule={tmp_path / 'beat'}"], env, log)
+        victim = spawn(worker_args + ["-n", f"victim-{redis_prefix}@%h"], env, log)
+        survivor = None
+        try:
+            deadline = time.monotonic() + 30
+            while q.status()["totals"]["leased"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            held = q.status()["totals"]["leased"]
+            assert held > 0, "the victim never held a lease"
+            os.killpg(victim.pid, signal.SIGKILL)  # worker and its pool children die mid-check
+            victim.wait()
+            killed_at = datetime.now(timezone.utc)
+            survivor = spawn(worker_args + ["-n", f"survivor-{redis_prefix}@%h"], env, log)
+            rows = []
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                rows = latest_health(db, "crash", keyring=get_keyring(settings.encryption_key))
+                if rows and all(r["last_checked_at"] and r["last_checked_at"] > killed_at for r in rows):
+                    break
+        finally:
+            for p in (beat, victim, survivor):
+                if p is not None:
+                    stop(p)
+            log.close()
+        assert len(rows) == len(lab.proxies)
+        late = [r for r in rows if not (r["last_checked_at"] and r["last_checked_at"] > killed_at)]
+        assert not late, (late, (tmp_path / "celery.log").read_text()[-3000:])
+        st = q.status()["totals"]
+        assert st["scheduled"] == len(lab.proxies) and st["dead"] == 0
+    finally:
+        lab.stop()

@@ -181,8 +181,10 @@ class RouteQueue:
         offset = float(_s(raw[0])) - (before + after) / 2
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
         lease_s = _s(raw[4])
-        return [Lease(_s(m), _s(p), _s(prev), lease_s, _s(shard), bool(int(f) & 1), int(f) >> 1, offset)
-                for m, p, prev, shard, f in raw[5:]]
+        if raw[5:] and isinstance(raw[5][0], bytes):
+            return [Lease(m.decode(), p.decode(), prev.decode(), lease_s, shard.decode(), bool(f & 1), f >> 1,
+                          offset) for m, p, prev, shard, f in raw[5:]]
+        return [Lease(m, p, prev, lease_s, shard, bool(f & 1), f >> 1, offset) for m, p, prev, shard, f in raw[5:]]
 
     def _fenced(self, lease: Lease, res):
         if isinstance(res, int) and res < 0:

@@ -1,14 +1,17 @@
 """Statistics ingestion: check results travel through a Redis Stream into PostgreSQL.
 
 See :mod:`magpie.stats.stream` for the entry format, the consumer-group protocol and the guarantees
-(ack after commit, replay ledger, pending recovery, dead letters).
+(ack after commit, replay ledger, pending recovery, dead letters, the producer's bound and overflow
+policy) and :mod:`magpie.stats.upkeep` for the replay floor, ledger retirement and consumer cleanup.
 """
 
 from magpie.stats.stream import (
     GROUP,
+    OVERFLOW_POLICIES,
     CheckResult,
     IngestReport,
     MalformedEntry,
+    PublishReport,
     dead_key,
     encode_result,
     ensure_group,
@@ -16,6 +19,8 @@ from magpie.stats.stream import (
     parse_entry,
     pending_summary,
     publish,
+    publish_entries,
+    publish_with_settings,
     stream_key,
 )
 
@@ -24,6 +29,8 @@ __all__ = [
     "CheckResult",
     "IngestReport",
     "MalformedEntry",
+    "OVERFLOW_POLICIES",
+    "PublishReport",
     "dead_key",
     "encode_result",
     "ensure_group",
@@ -31,5 +38,7 @@ __all__ = [
     "parse_entry",
     "pending_summary",
     "publish",
+    "publish_entries",
+    "publish_with_settings",
     "stream_key",
 ]

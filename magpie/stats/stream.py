@@ -112,28 +112,219 @@ def encode_result(
     }
 
 
-def publish(redis: redis_lib.Redis, prefix: str, entries: list[dict[str, str]], maxlen: int) -> list[str]:
-    """Append result entries to the stream in one pipelined round trip.
+OVERFLOW_POLICIES = ("block", "drop_new", "evict_oldest")
+"""Producer policies when the stream holds ``maxlen`` unconsumed entries (``MAGPIE_STATS_OVERFLOW``)."""
+
+# One call appends a batch of entries under the bound. When the batch does not fit, entries the group has
+# already consumed (acknowledged, below the replay floor) are trimmed first; only then does the policy
+# decide: ``evict_oldest`` trims the oldest unconsumed entries, ``drop_new`` keeps what fits.
+# KEYS[1] stream. ARGV[1] maxlen, ARGV[2] policy, ARGV[3] group, ARGV[4] entry count, then per entry:
+# field count f, then f field/value pairs flattened (2f values).
+# Returns { dropped, trimmed_consumed, id_1, ..., id_n } with '' for a dropped entry.
+_FLOOR_LUA = """
+local function consumed_floor(key, group)
+  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  if type(groups) ~= 'table' or groups.err then return nil end
+  for _, g in ipairs(groups) do
+    local f = {}
+    for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+    if f['name'] == group then
+      if tonumber(f['pending']) > 0 then
+        return redis.call('XPENDING', key, group)[2]
+      end
+      local ms, seq = string.match(f['last-delivered-id'], '^(%d+)-(%d+)$')
+      if not ms then return nil end
+      return ms .. '-' .. string.format('%d', tonumber(seq) + 1)
+    end
+  end
+  return nil
+end
+"""
+
+_PUBLISH_LUA = _FLOOR_LUA + """
+local key = KEYS[1]
+local maxlen, policy, group, n = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
+local len = redis.call('XLEN', key)
+local trimmed = 0
+if len + n > maxlen and len > 0 then
+  local floor = consumed_floor(key, group)
+  if floor then
+    trimmed = redis.call('XTRIM', key, 'MINID', floor)
+    len = len - trimmed
+  end
+end
+local first, last = 1, n
+local dropped = 0
+if policy == 'drop_new' then
+  local room = math.max(0, maxlen - len)
+  if n > room then last = room; dropped = n - room end
+else
+  if n > maxlen then first = n - maxlen + 1; dropped = n - maxlen end
+  local over = len + (last - first + 1) - maxlen
+  if over > 0 then
+    redis.call('XTRIM', key, 'MAXLEN', maxlen - (last - first + 1))
+    dropped = dropped + over
+  end
+end
+local out = { dropped, trimmed }
+local pos = 5
+for i = 1, n do
+  local nf = tonumber(ARGV[pos])
+  if i >= first and i <= last then
+    local args = { key, '*' }
+    for j = pos + 1, pos + 2 * nf do args[#args + 1] = ARGV[j] end
+    out[#out + 1] = redis.call('XADD', unpack(args))
+  else
+    out[#out + 1] = ''
+  end
+  pos = pos + 1 + 2 * nf
+end
+return out
+"""
+
+
+def _script(redis: redis_lib.Redis, body: str):
+    """A script object on ``redis`` (runs by ``EVALSHA``, loading the script on ``NOSCRIPT``)."""
+    return redis.register_script(body)
+
+
+@dataclass(slots=True)
+class PublishReport:
+    """What one :func:`publish_entries` call did.
+
+    Attributes:
+        ids: per input entry, its new stream id, or ``None`` when the entry was dropped.
+        dropped: results lost to the bound: new entries refused (``drop_new``/``block``) plus unconsumed
+            old entries evicted (``evict_oldest``). Counted in ``magpie_statistics_dropped_total``.
+        trimmed: already consumed (acknowledged) entries removed to make room; not a loss.
+        waited_s: seconds spent waiting for room (``block`` only).
+    """
+
+    ids: list[str | None]
+    dropped: int = 0
+    trimmed: int = 0
+    waited_s: float = 0.0
+
+
+def _publish_once(redis, key: str, entries: Sequence[Mapping[str, str]], maxlen: int, policy: str):
+    args: list = [int(maxlen), policy, GROUP, len(entries)]
+    for entry in entries:
+        args.append(len(entry))
+        for k, v in entry.items():
+            args += [k, v]
+    res = _script(redis, _PUBLISH_LUA)(keys=[key], args=args)
+    ids = [_s(i) or None for i in res[2:]]
+    return ids, int(res[0]), int(res[1])
+
+
+def publish_entries(
+    redis: redis_lib.Redis,
+    prefix: str,
+    entries: list[dict[str, str]],
+    maxlen: int,
+    *,
+    overflow: str = "evict_oldest",
+    block_timeout: float = 2.0,
+    poll_interval: float = 0.05,
+) -> PublishReport:
+    """Append result entries to the stream under a bound on its unconsumed entries.
+
+    One script call (one round trip) per attempt. The bound counts unconsumed entries: when a batch does
+    not fit, entries the consumer group already acknowledged are trimmed first (``XTRIM MINID`` at the
+    replay floor, see :func:`magpie.stats.upkeep.replay_floor`); only then does ``overflow`` decide:
+
+    * ``evict_oldest``: trim the oldest unconsumed entries (exact ``MAXLEN``); a pending one among them
+      is dead-lettered by :func:`ingest` as "trimmed".
+    * ``drop_new``: store what fits, drop the rest of the batch.
+    * ``block``: store what fits, retry the rest every ``poll_interval`` seconds for up to
+      ``block_timeout`` seconds (ingestion makes room), then drop what still does not fit.
+
+    Drops are added to the Redis counter read by the metrics exporter
+    (``magpie_statistics_dropped_total{policy}``) in a second round trip, only when something was dropped.
+
+    Args:
+        redis: client (``decode_responses`` either way).
+        prefix: key prefix (``MAGPIE_REDIS_PREFIX``).
+        entries: flat ``str -> str`` dicts (see the module docstring / :func:`encode_result`).
+        maxlen: most unconsumed entries the stream holds (``MAGPIE_STATS_STREAM_MAXLEN``).
+        overflow: ``evict_oldest``, ``drop_new`` or ``block`` (``MAGPIE_STATS_OVERFLOW``).
+        block_timeout: seconds (``MAGPIE_STATS_BLOCK_TIMEOUT``); ``block`` only.
+    Returns:
+        :class:`PublishReport`.
+    Raises:
+        ValueError: unknown ``overflow`` or ``maxlen < 1``.
+        redis.RedisError: Redis unreachable or rejecting the command.
+    """
+    if overflow not in OVERFLOW_POLICIES:
+        raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {overflow!r}")
+    if maxlen < 1:
+        raise ValueError("maxlen must be at least 1")
+    report = PublishReport(ids=[])
+    if not entries:
+        return report
+    key = stream_key(prefix)
+    policy = "evict_oldest" if overflow == "evict_oldest" else "drop_new"
+    ids, dropped, trimmed = _publish_once(redis, key, entries, maxlen, policy)
+    report.trimmed += trimmed
+    if overflow == "block" and dropped:
+        start = time.monotonic()
+        deadline = start + block_timeout
+        while dropped and time.monotonic() < deadline:
+            time.sleep(min(poll_interval, max(0.0, deadline - time.monotonic())))
+            todo = [i for i, sid in enumerate(ids) if sid is None]
+            more, dropped, trimmed = _publish_once(redis, key, [entries[i] for i in todo], maxlen, policy)
+            report.trimmed += trimmed
+            for i, sid in zip(todo, more):
+                ids[i] = sid
+        report.waited_s = time.monotonic() - start
+    report.ids = ids
+    report.dropped = dropped
+    if dropped:
+        from magpie.metrics import count_stats_drops
+
+        count_stats_drops(redis, prefix, overflow, dropped)
+    return report
+
+
+def publish(
+    redis: redis_lib.Redis,
+    prefix: str,
+    entries: list[dict[str, str]],
+    maxlen: int,
+    *,
+    overflow: str = "evict_oldest",
+    block_timeout: float = 2.0,
+) -> list[str]:
+    """Append result entries to the stream (see :func:`publish_entries` for the bound and policies).
 
     Args:
         redis: client (``decode_responses`` either way).
         prefix: key prefix (``MAGPIE_REDIS_PREFIX``).
         entries: flat ``str -> str`` dicts (see module docstring / :func:`encode_result`).
-        maxlen: approximate stream length cap (``XADD … MAXLEN ~ maxlen``). Entries trimmed before a
-            consumer reads them are lost; entries trimmed while pending are dead-lettered by
-            :func:`ingest`. Size it well above the ingestion backlog you expect.
+        maxlen: most unconsumed entries kept (``MAGPIE_STATS_STREAM_MAXLEN``); consumed entries are
+            trimmed to make room first.
+        overflow: ``evict_oldest`` (default), ``drop_new`` or ``block`` (``MAGPIE_STATS_OVERFLOW``).
+        block_timeout: seconds a ``block`` producer waits for room.
     Returns:
-        The new entries' stream ids, in order.
+        The stream ids of the entries stored, in input order (dropped entries are left out).
     Raises:
         redis.RedisError: Redis unreachable or rejecting the command.
     """
-    if not entries:
-        return []
-    key = stream_key(prefix)
-    pipe = redis.pipeline(transaction=False)
-    for entry in entries:
-        pipe.xadd(key, entry, maxlen=maxlen, approximate=True)
-    return [_s(i) for i in pipe.execute()]
+    rep = publish_entries(redis, prefix, entries, maxlen, overflow=overflow, block_timeout=block_timeout)
+    return [i for i in rep.ids if i is not None]
+
+
+def publish_with_settings(redis: redis_lib.Redis, settings, entries: list[dict[str, str]]) -> PublishReport:
+    """:func:`publish_entries` with the bound and policy of :class:`magpie.config.Settings`
+    (``MAGPIE_STATS_STREAM_MAXLEN``, ``MAGPIE_STATS_OVERFLOW``, ``MAGPIE_STATS_BLOCK_TIMEOUT``)."""
+    return publish_entries(
+        redis,
+        settings.redis_prefix,
+        entries,
+        settings.stats_stream_maxlen,
+        overflow=settings.stats_overflow,
+        block_timeout=settings.stats_block_timeout,
+    )
 
 
 def ensure_group(redis: redis_lib.Redis, prefix: str) -> None:
@@ -258,6 +449,7 @@ class IngestReport:
         replayed: entries already in the ledger (applied before, ack had been lost); acknowledged.
         dead: entries written to the dead-letter stream (malformed, unknown route, trimmed, rejected).
         recovered: of ``read``, entries that were pending before this call (own or reclaimed).
+        exhausted: of ``dead``, entries dead-lettered for exceeding ``max_deliveries``.
     """
 
     read: int = 0
@@ -265,6 +457,7 @@ class IngestReport:
     replayed: int = 0
     dead: int = 0
     recovered: int = 0
+    exhausted: int = 0
 
 
 @dataclass(slots=True)
@@ -279,19 +472,21 @@ def _decode_entries(raw) -> list[tuple[str, dict[str, str]]]:
     return [(_s(sid), {_s(k): _s(v) for k, v in (fields or {}).items()}) for sid, fields in raw]
 
 
-def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms: int):
-    """Collect up to ``batch`` distinct entries: own pending, then idle pending of others, then new."""
+def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms: int, recover: bool = True):
+    """Collect up to ``batch`` distinct entries: own pending, then idle pending of others, then new.
+
+    ``recover=False`` skips the first two steps (each re-delivery raises an entry's delivery count)."""
     taken: dict[str, dict[str, str]] = {}
     dead: list[_Dead] = []
     # 1. Entries delivered to this consumer earlier and never acknowledged (e.g. PostgreSQL was down).
-    resp = redis.xreadgroup(GROUP, consumer, {key: "0"}, count=batch)
+    resp = redis.xreadgroup(GROUP, consumer, {key: "0"}, count=batch) if recover else None
     for _, entries in resp or []:
         for sid, fields in _decode_entries(entries):
             taken[sid] = fields
     # 2. Entries another (dead or stuck) consumer has held longer than min_idle_ms.
     cursor = "0-0"
     scans = 0
-    while len(taken) < batch and scans < 10:
+    while recover and len(taken) < batch and scans < 10:
         scans += 1
         nxt, claimed, *rest = redis.xautoclaim(
             key, GROUP, consumer, min_idle_time=min_idle_ms, start_id=cursor, count=batch - len(taken)
@@ -314,6 +509,36 @@ def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms
     return taken, dead, recovered
 
 
+def _database_answers(engine: Engine) -> bool:
+    """True when PostgreSQL answers ``SELECT 1`` (one round trip)."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return True
+    except (sa.exc.DBAPIError, OSError):
+        return False
+
+
+def _id_key(sid: str) -> tuple[int, int]:
+    ms, _, seq = sid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _delivery_counts(redis, key: str, consumer: str, ids: list[str]) -> dict[str, int]:
+    """Delivery counts (this delivery included) of pending entries now owned by ``consumer``."""
+    if not ids:
+        return {}
+    lo, hi = min(ids, key=_id_key), max(ids, key=_id_key)
+    rows = redis.xpending_range(key, GROUP, min=lo, max=hi, count=2 * len(ids) + 10, consumername=consumer)
+    wanted = set(ids)
+    out: dict[str, int] = {}
+    for row in rows:
+        sid = _s(row["message_id"])
+        if sid in wanted:
+            out[sid] = int(row["times_delivered"])
+    return out
+
+
 def ingest(
     redis: redis_lib.Redis,
     engine: Engine,
@@ -324,6 +549,7 @@ def ingest(
     min_idle_ms: int = 60_000,
     *,
     dead_maxlen: int = DEAD_MAXLEN,
+    max_deliveries: int | None = 5,
 ) -> IngestReport:
     """Apply one batch of stream entries to PostgreSQL, then acknowledge them.
 
@@ -345,6 +571,10 @@ def ingest(
             well above the time one ingest takes, or live consumers steal from each other (harmless
             but wasteful).
         dead_maxlen: approximate cap on the dead-letter stream.
+        max_deliveries: an entry already delivered this many times without acknowledgement (the pending
+            entry's delivery count, ``MAGPIE_STATS_MAX_DELIVERIES``) is dead-lettered instead of being
+            applied again; ``None`` disables the limit. Re-deliveries are only made while PostgreSQL
+            answers a ping, so an outage does not use up deliveries.
     Returns:
         :class:`IngestReport`.
     Raises:
@@ -356,11 +586,27 @@ def ingest(
     """
     key = stream_key(prefix)
     ensure_group(redis, prefix)
-    taken, dead, recovered = _read(redis, key, consumer, batch, block_ms, min_idle_ms)
+    # Re-delivering pending entries while PostgreSQL is down would only raise their delivery counts.
+    recover = _database_answers(engine)
+    taken, dead, recovered = _read(redis, key, consumer, batch, block_ms, min_idle_ms, recover)
     report = IngestReport(read=len(taken), recovered=recovered)
+
+    exhausted: set[str] = set()
+    if max_deliveries is not None and recovered:
+        counts = _delivery_counts(redis, key, consumer, list(taken)[:recovered])
+        for sid, n in counts.items():
+            if n > max_deliveries and taken.get(sid):
+                exhausted.add(sid)
+                dead.append(
+                    _Dead(sid, f"delivered {n} times without acknowledgement (limit {max_deliveries})",
+                          taken[sid])
+                )
+        report.exhausted = len(exhausted)
 
     results: list[CheckResult] = []
     for sid, fields in taken.items():
+        if sid in exhausted:
+            continue
         if not fields:
             dead.append(_Dead(sid, "entry trimmed from the stream before ingestion", {}))
             continue

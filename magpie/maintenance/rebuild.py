@@ -1,0 +1,154 @@
+"""Rebuild the Redis route schedule from PostgreSQL after Redis lost data, by hand or by the ``rebuild`` job.
+
+:func:`rebuild_schedule` feeds every route some workspace owns (:func:`magpie.db.repo.all_route_payloads`) to
+:meth:`magpie.queue.RouteQueue.schedule` in chunks. ``schedule`` adds a missing route with a first due
+time spread over the check interval (route *i* of *n* due at now + i * interval / n) and never resets a
+route still present (its due time, lease and payload stay; only workspace ids are merged in), nor
+re-adds a dead-lettered one. So a rebuild is idempotent and safe to run while workers are checking.
+
+After a complete rebuild a marker key (``<schedule base>maintenance_marker``) is set. Redis losing its data
+loses the marker too; the ``rebuild`` job, every pass, rebuilds when the marker is missing and PostgreSQL
+has routes (``MAGPIE_SCHEDULE_AUTO_REBUILD``). Operator removals (``queue drain``/``obliterate``) leave the
+marker, so they are not undone. A partial loss (an older snapshot restored) keeps the marker: run
+:func:`rebuild_schedule` by hand then (``magpie queue rebuild``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis as redis_lib
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from magpie.maintenance.base import Job, JobContext
+
+CHUNK = 5000
+LOCK = "rebuild"
+"""Leader-lock name of schedule rebuilds (``<prefix>leader:rebuild``), shared by the job and the CLI."""
+
+_OWNED = (
+    "SELECT count(*) FROM routes r WHERE EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)"
+)
+
+
+def marker_key(queue) -> str:
+    """Key of the rebuild marker of ``queue``'s schedule (inside its hash tag)."""
+    return queue.keys.base + "maintenance_marker"
+
+
+def owned_routes(engine: Engine) -> int:
+    """Routes that at least one workspace owns (what the schedule should hold)."""
+    with engine.connect() as conn:
+        return int(conn.execute(sa.text(_OWNED)).scalar_one())
+
+
+def rebuild_schedule(
+    settings,
+    *,
+    engine: Engine | None = None,
+    redis: redis_lib.Redis | None = None,
+    queue=None,
+    chunk: int = CHUNK,
+    lock: bool = True,
+    cancel: threading.Event | None = None,
+) -> dict:
+    """Schedule again every route PostgreSQL knows, keeping routes still present as they are.
+
+    Args:
+        settings: :class:`magpie.config.Settings` (URLs, prefix, shards, interval, encryption key).
+        engine / redis / queue: defaults from ``settings``.
+        chunk: routes per :meth:`RouteQueue.schedule` call (and per database fetch).
+        lock: hold the ``rebuild`` leader lock for the duration (two rebuilds never overlap); with
+            ``lock=False`` the caller coordinates.
+        cancel: stop between chunks once set (the routes scheduled so far stay scheduled).
+    Returns:
+        ``{"ran": bool, "routes": int (routes fed), "total": int (owned routes counted at the start),
+        "new": int (added back), "merged": int, "unchanged": int, "complete": bool, "seconds": float}``;
+        ``ran`` is False (and ``reason`` set) when another process holds the lock.
+    Raises:
+        magpie.crypto.CredentialError: stored credentials do not decrypt with ``PROXY_ENCRYPTION_KEY``.
+        sqlalchemy.exc.DBAPIError / redis.RedisError: a store is unavailable (scheduled chunks stay;
+            re-running finishes the job).
+    """
+    from magpie.crypto import get_keyring
+    from magpie.db.repo import all_route_payloads
+    from magpie.queue import RouteQueue
+
+    if engine is None:
+        from magpie.db.session import get_engine
+
+        engine = get_engine(settings.database_url)
+    if queue is None:
+        redis = redis or redis_lib.Redis.from_url(settings.redis_url)
+        queue = RouteQueue.from_settings(settings, redis)
+    if lock:
+        from magpie.leader import LeaderLock
+
+        with LeaderLock(
+            queue.r, settings.redis_prefix, LOCK, int(settings.maintenance_lock_ttl * 1000)
+        ).hold() as lost:
+            if lost is None:
+                return {"ran": False, "reason": "another process holds the rebuild lock"}
+            return rebuild_schedule(
+                settings, engine=engine, queue=queue, chunk=chunk, lock=False, cancel=lost
+            )
+
+    t0 = time.monotonic()
+    total = owned_routes(engine)
+    out = {"ran": True, "routes": 0, "total": total, "new": 0, "merged": 0, "unchanged": 0, "complete": True}
+    keyring = get_keyring(settings.encryption_key)
+    buf: list[tuple[str, str]] = []
+
+    def flush():
+        counts = queue.schedule(buf, total=max(total, out["routes"] + len(buf)), start_index=out["routes"])
+        for k in ("new", "merged", "unchanged"):
+            out[k] += counts[k]
+        out["routes"] += len(buf)
+        buf.clear()
+
+    payloads = all_route_payloads(engine, keyring, batch=chunk)
+    try:
+        for p in payloads:
+            buf.append((p.route_hash.strip(), p.encode()))
+            if len(buf) >= chunk:
+                flush()
+                if cancel is not None and cancel.is_set():
+                    out["complete"] = False
+                    break
+        if buf and out["complete"]:
+            flush()
+    finally:
+        payloads.close()
+    if out["complete"]:
+        queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
+    out["seconds"] = round(time.monotonic() - t0, 3)
+    return out
+
+
+def needs_rebuild(engine: Engine, queue) -> bool:
+    """True when the schedule's marker is missing and PostgreSQL has owned routes."""
+    if queue.r.exists(marker_key(queue)):
+        return False
+    return owned_routes(engine) > 0
+
+
+class ScheduleRebuildJob(Job):
+    name = "rebuild"
+    every = 60.0
+    lock_name = LOCK
+    description = "rebuild the Redis schedule from PostgreSQL when Redis lost it (marker missing)"
+
+    def run(self, ctx: JobContext) -> dict:
+        s = ctx.settings
+        queue = ctx.queue()
+        if not s.schedule_auto_rebuild:
+            return {"rebuilt": False, "reason": "MAGPIE_SCHEDULE_AUTO_REBUILD is off", "complete": True}
+        if not needs_rebuild(ctx.engine, queue):
+            return {"rebuilt": False, "complete": True}
+        r = rebuild_schedule(s, engine=ctx.engine, queue=queue, lock=False, cancel=ctx.cancel)
+        return {"rebuilt": True, **{k: v for k, v in r.items() if k != "ran"}}
+
+
+JOB = ScheduleRebuildJob()

@@ -1,0 +1,235 @@
+"""Run maintenance jobs under their leader locks and record every pass in ``maintenance_runs``.
+
+One pass of a job: take the job's leader lock (``<prefix>leader:<job>``; a pass that does not get it
+does nothing and reports ``skipped``), record the start (``runs_total + 1``), run the job with its limits,
+then record success (``last_success_at``, ``last_result``) or failure (``failures_total + 1``,
+``last_error``). The lock is renewed in the background; losing it sets the job's cancellation event and
+the job stops at its next batch boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+import redis as redis_lib
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from magpie.leader import LeaderLock
+from magpie.maintenance.base import Job, JobContext
+
+log = logging.getLogger(__name__)
+
+_START = """
+    INSERT INTO maintenance_runs (job, last_started_at, runs_total, updated_at)
+    VALUES (:job, now(), 1, now())
+    ON CONFLICT (job) DO UPDATE SET last_started_at = now(), runs_total = maintenance_runs.runs_total + 1,
+                                    updated_at = now()
+    RETURNING state
+"""
+_SUCCESS = """
+    UPDATE maintenance_runs SET last_finished_at = now(), last_success_at = now(), last_duration_s = :d,
+                                last_result = CAST(:r AS jsonb), updated_at = now()
+    WHERE job = :job
+"""
+_FAILURE = """
+    UPDATE maintenance_runs SET last_finished_at = now(), last_error = :e, last_error_at = now(),
+                                failures_total = failures_total + 1, last_duration_s = :d, updated_at = now()
+    WHERE job = :job
+"""
+
+
+def resolve(job: str | Job) -> Job:
+    """The registered :class:`Job` named ``job`` (a :class:`Job` instance is returned as is).
+
+    Raises ``KeyError`` with the known names for an unknown job."""
+    if isinstance(job, Job):
+        return job
+    from magpie.maintenance.registry import JOBS
+
+    try:
+        return JOBS[job]
+    except KeyError:
+        raise KeyError(f"unknown maintenance job {job!r}; known: {', '.join(JOBS)}") from None
+
+
+def run_job(
+    job: str | Job,
+    settings,
+    *,
+    engine: Engine | None = None,
+    redis: redis_lib.Redis | None = None,
+    now: datetime | None = None,
+    batch_size: int | None = None,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+) -> dict:
+    """Run one pass of ``job`` now, under its leader lock.
+
+    Args:
+        job: job name (see :data:`magpie.maintenance.registry.JOBS`) or a :class:`Job`.
+        settings: :class:`magpie.config.Settings`.
+        engine / redis: default: the process-wide engine on ``MAGPIE_DATABASE_URL`` / a client on
+            ``MAGPIE_REDIS_URL``.
+        now: reference time for cutoffs (aware datetime; default: now, UTC).
+        batch_size / max_batches / max_seconds: override ``MAGPIE_MAINTENANCE_BATCH_SIZE`` /
+            ``MAGPIE_MAINTENANCE_MAX_BATCHES`` / ``MAGPIE_MAINTENANCE_MAX_RUN_SECONDS`` for this pass.
+    Returns:
+        ``{"job": name, "status": "ok" | "skipped" | "error", "result": dict | None, "error": str | None,
+        "seconds": float}``. ``skipped``: another process holds the lock (nothing done, nothing recorded).
+        ``error``: the pass raised (recorded as a failure and logged; not re-raised).
+    Raises:
+        KeyError: unknown job name.
+    """
+    j = resolve(job)
+    if engine is None:
+        from magpie.db.session import get_engine
+
+        engine = get_engine(settings.database_url)
+    if redis is None:
+        redis = redis_lib.Redis.from_url(settings.redis_url)
+    out = {"job": j.name, "status": "skipped", "result": None, "error": None, "seconds": 0.0}
+    t0 = time.monotonic()
+    lock = LeaderLock(redis, settings.redis_prefix, j.lock, int(settings.maintenance_lock_ttl * 1000))
+    with lock.hold() as lost:
+        if lost is None:
+            return out
+        try:
+            with engine.begin() as conn:
+                state = conn.execute(sa.text(_START), {"job": j.name}).scalar_one() or {}
+        except Exception as exc:  # noqa: BLE001 - database down: nothing to record it in
+            log.error("maintenance %s: cannot record the start of a pass: %s", j.name, exc)
+            out.update(
+                status="error",
+                error=f"{exc.__class__.__name__}: {exc}",
+                seconds=round(time.monotonic() - t0, 3),
+            )
+            return out
+        ctx = JobContext(
+            job=j.name,
+            settings=settings,
+            engine=engine,
+            redis=redis,
+            now=now or datetime.now(UTC),
+            cancel=lost,
+            deadline=t0 + (max_seconds if max_seconds is not None else settings.maintenance_max_run_seconds),
+            batch_size=int(batch_size or settings.maintenance_batch_size),
+            max_batches=int(max_batches or settings.maintenance_max_batches),
+            state=dict(state),
+        )
+        try:
+            result = j.run(ctx)
+        except Exception as exc:  # noqa: BLE001 - recorded, then reported
+            log.exception("maintenance %s failed", j.name)
+            msg = f"{exc.__class__.__name__}: {exc}"[:2000]
+            dt = time.monotonic() - t0
+            try:
+                with engine.begin() as conn:
+                    conn.execute(sa.text(_FAILURE), {"job": j.name, "e": msg, "d": dt})
+            except Exception as rec_exc:  # noqa: BLE001
+                log.error("maintenance %s: cannot record the failure: %s", j.name, rec_exc)
+            out.update(status="error", error=msg, seconds=round(dt, 3))
+            return out
+        dt = time.monotonic() - t0
+        result = dict(result or {})
+        if "complete" not in result:
+            result["complete"] = True
+        if ctx.stop_reason() == "cancelled":
+            result["complete"] = False
+            result["stopped"] = "leader lock lost"
+        with engine.begin() as conn:
+            conn.execute(sa.text(_SUCCESS), {"job": j.name, "d": dt, "r": json.dumps(result, default=str)})
+        out.update(status="ok", result=result, seconds=round(dt, 3))
+        return out
+
+
+def run_all(settings, **kw) -> list[dict]:
+    """One pass of every registered job, in registry order (see :func:`run_job`; same keywords)."""
+    from magpie.maintenance.registry import JOBS
+
+    return [run_job(name, settings, **kw) for name in JOBS]
+
+
+def read_job_status(engine: Engine) -> list[dict]:
+    """Every row of ``maintenance_runs``, ordered by job.
+
+    Returns:
+        dicts with ``job``, ``last_started_at``, ``last_finished_at``, ``last_success_at``,
+        ``last_error_at`` (aware datetimes or None), ``last_error`` (str | None), ``last_duration_s``
+        (float seconds | None), ``last_result`` (dict | None), ``state`` (dict), ``runs_total``,
+        ``failures_total`` (int).
+    Raises:
+        sqlalchemy.exc.DBAPIError: database unavailable (or the table missing: schema not migrated).
+    """
+    with engine.connect() as conn:
+        rows = (
+            conn.execute(
+                sa.text(
+                    "SELECT job, last_started_at, last_finished_at, last_success_at, last_error_at, "
+                    "last_error, last_duration_s, last_result, state, runs_total, failures_total "
+                    "FROM maintenance_runs ORDER BY job"
+                )
+            )
+            .mappings()
+            .all()
+        )
+    return [dict(r) for r in rows]
+
+
+def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis | None = None) -> list[dict]:
+    """Status of every registered job for operators (``magpie maintenance status``).
+
+    Returns:
+        One dict per job in registry order: ``job``, ``description``, ``every_s`` (effective cadence,
+        seconds; 0 = not scheduled), ``leader_active`` (bool | None when Redis is unreachable), plus the
+        :func:`read_job_status` fields (None / 0 for a job that never ran).
+    Raises:
+        sqlalchemy.exc.DBAPIError: database unavailable.
+    """
+    from magpie.config import parse_cadences
+    from magpie.maintenance.registry import JOBS
+
+    if engine is None:
+        from magpie.db.session import get_engine
+
+        engine = get_engine(settings.database_url)
+    if redis is None:
+        redis = redis_lib.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    rows = {r["job"]: r for r in read_job_status(engine)}
+    cadences = parse_cadences(settings.maintenance_cadences)
+    try:
+        pipe = redis.pipeline(transaction=False)
+        for j in JOBS.values():
+            pipe.exists(f"{settings.redis_prefix}leader:{j.lock}")
+        held = [bool(x) for x in pipe.execute()]
+    except redis_lib.RedisError:
+        held = [None] * len(JOBS)
+    out = []
+    empty = {
+        "last_started_at": None,
+        "last_finished_at": None,
+        "last_success_at": None,
+        "last_error_at": None,
+        "last_error": None,
+        "last_duration_s": None,
+        "last_result": None,
+        "state": {},
+        "runs_total": 0,
+        "failures_total": 0,
+    }
+    for (name, j), h in zip(JOBS.items(), held):
+        d = {
+            "job": name,
+            "description": j.description,
+            "every_s": cadences.get(name, j.every),
+            "leader_active": h,
+        }
+        d.update({k: v for k, v in rows.get(name, empty).items() if k != "job"})
+        out.append(d)
+    return out
+
+
+__all__ = ["job_status", "read_job_status", "resolve", "run_all", "run_job"]
