@@ -347,6 +347,16 @@ def queue_respread(as_json):
     _run_queue(as_json, run)
 
 
+@queue.command("rebuild")
+@json_opt
+def queue_rebuild(as_json):
+    """Schedule every route PostgreSQL has again (after Redis lost data), spread across the interval;
+    routes still scheduled keep their due time (under the ``rebuild`` leader lock)."""
+    from magpie.maintenance.rebuild import rebuild_schedule
+
+    _run_queue(as_json, lambda: rebuild_schedule(_settings()))
+
+
 # -- one-shot check, judge, lab ---------------------------------------------------------------------
 @main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))

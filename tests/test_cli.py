@@ -128,3 +128,15 @@ def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):
     finally:
         lab.stop()
         get_settings.cache_clear()
+
+
+def test_queue_rebuild_after_redis_lost_the_schedule(cli, db, tmp_path, redis_client, redis_prefix):
+    f = tmp_path / "list.txt"
+    f.write_text("127.0.0.1:3128\nsocks5://u:p@127.0.0.1:1080\n")
+    cli("import", str(f), "-w", "alpha")
+    for k in list(redis_client.scan_iter(match=f"*{redis_prefix}*")):
+        redis_client.delete(k)  # Redis lost this deployment's data
+    assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 0
+    out = json.loads(cli("queue", "rebuild", "--json").stdout)
+    assert out["ok"]
+    assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 2
