@@ -14,20 +14,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from magpie.config import ConfigError, get_settings
+from magpie.cli_common import echo_json as _emit_json, load_settings_or_exit as _settings
 
 console = Console()
 
 
-def _settings():
-    try:
-        return get_settings()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _emit_json(obj) -> None:
-    click.echo(json.dumps(obj, default=str))
 
 
 @click.group()

@@ -21,6 +21,20 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.e2e
 
 
+def worker_env(settings, pg_url, redis_prefix, lab, **overrides) -> dict:
+    """Environment for Celery subprocesses: the test's Redis prefix (schedule and broker keys), database,
+    key and lab judge, plus ``MAGPIE_*`` overrides."""
+    env = dict(os.environ)
+    env.update({
+        "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
+        "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
+        "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
+        "MAGPIE_JUDGE_URL": lab.judge_url,
+    })
+    env.update(overrides)
+    return env
+
+
 def spawn(args, env, log):
     return subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -39,14 +53,8 @@ def stop(proc):
 def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path):
     lab = start_free_lab(slow_delay=1.0)
     try:
-        env = dict(os.environ)
-        env.update({
-            "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
-            "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
-            "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
-            "MAGPIE_JUDGE_URL": lab.judge_url, "MAGPIE_CHECK_INTERVAL": "3", "MAGPIE_CHECK_TIMEOUT": "4",
-            "MAGPIE_LEASE_SECONDS": "30", "MAGPIE_RENEW_BELOW_SECONDS": "10",
-        })
+        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="3", MAGPIE_CHECK_TIMEOUT="4",
+                         MAGPIE_LEASE_SECONDS="30", MAGPIE_RENEW_BELOW_SECONDS="10")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)
         rep = import_file(lst, "e2e", settings.model_copy(update={"check_interval": 3.0}))
@@ -95,14 +103,8 @@ def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg
 
     lab = start_free_lab(slow_delay=3.0)
     try:
-        env = dict(os.environ)
-        env.update({
-            "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
-            "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
-            "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
-            "MAGPIE_JUDGE_URL": lab.judge_url, "MAGPIE_CHECK_INTERVAL": "2", "MAGPIE_CHECK_TIMEOUT": "5",
-            "MAGPIE_LEASE_SECONDS": "4", "MAGPIE_RENEW_BELOW_SECONDS": "0",
-        })
+        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="2", MAGPIE_CHECK_TIMEOUT="5",
+                         MAGPIE_LEASE_SECONDS="4", MAGPIE_RENEW_BELOW_SECONDS="0")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)
         s2 = settings.model_copy(update={"check_interval": 2.0, "lease_seconds": 4.0})

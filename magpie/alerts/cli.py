@@ -6,21 +6,14 @@ URL) exit with status 2 and a one-line message.
 
 from __future__ import annotations
 
-import json
 import threading
 from contextlib import contextmanager
 from datetime import datetime
 
 import click
 
+from magpie.cli_common import echo_json as _echo_json, load_settings_or_exit as _settings
 
-def _settings():
-    from magpie.config import ConfigError, get_settings
-
-    try:
-        return get_settings()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
 
 
 def _engine(settings):
@@ -28,9 +21,6 @@ def _engine(settings):
 
     return get_engine(settings.database_url)
 
-
-def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, default=str))
 
 
 @contextmanager

@@ -14,18 +14,9 @@ import time
 
 import click
 
-
-def _settings():
-    from magpie.config import ConfigError, get_settings
-
-    try:
-        return get_settings()
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+from magpie.cli_common import echo_json as _echo_json, load_settings_or_exit as _settings
 
 
-def _echo_json(obj) -> None:
-    click.echo(json.dumps(obj, default=str))
 
 
 def _ts(v) -> str:
