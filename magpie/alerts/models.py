@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.orm import Mapped, mapped_column
 
 from magpie.db.models import Base
+from magpie.outbox.models import ClaimableRow
 
 _now = sa.text("now()")
 TSTZ = sa.DateTime(timezone=True)
@@ -152,7 +153,7 @@ class AlertChannel(Base):
     updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
 
 
-class AlertDelivery(Base):
+class AlertDelivery(ClaimableRow, Base):
     """One webhook POST owed for an incident transition on one channel.
 
     ``delivery_id`` (UUID text) is sent as ``X-Magpie-Delivery-ID`` and never changes across retries;
@@ -185,16 +186,6 @@ class AlertDelivery(Base):
     event: Mapped[str] = mapped_column(sa.Text, nullable=False)
     payload: Mapped[str] = mapped_column(sa.Text, nullable=False)
     last_http_status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
-    status: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="pending")
-    attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="0")
-    max_attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="4")
-    next_attempt_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    claim_token: Mapped[str | None] = mapped_column(pg.UUID(as_uuid=False), nullable=True)
-    claim_expires_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
-    last_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    sent_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
 
 
 __all__ = ["AlertChannel", "AlertDelivery", "AlertIncident", "AlertRule", "AlertRuleState"]

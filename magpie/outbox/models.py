@@ -14,7 +14,23 @@ _now = sa.text("now()")
 TSTZ = sa.DateTime(timezone=True)
 
 
-class EmailOutbox(Base):
+class ClaimableRow:
+    """Columns of a row claimed with ``SKIP LOCKED`` and a claim token (see :mod:`magpie.outbox.claims`);
+    shared by ``email_outbox`` and ``alert_deliveries``."""
+
+    status: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="pending")
+    attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="0")
+    max_attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="4")
+    next_attempt_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
+    claim_token: Mapped[str | None] = mapped_column(pg.UUID(as_uuid=False), nullable=True)
+    claim_expires_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
+    updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
+    sent_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
+
+
+class EmailOutbox(ClaimableRow, Base):
     """One email to send.
 
     ``status``: ``pending`` (due at ``next_attempt_at``) -> ``processing`` (claimed: ``claim_token`` and
@@ -46,16 +62,6 @@ class EmailOutbox(Base):
     kind: Mapped[str] = mapped_column(sa.Text, nullable=False)
     message_id: Mapped[str] = mapped_column(sa.Text, nullable=False)
     dedupe_key: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
-    status: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="pending")
-    attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="0")
-    max_attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="4")
-    next_attempt_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    claim_token: Mapped[str | None] = mapped_column(pg.UUID(as_uuid=False), nullable=True)
-    claim_expires_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
-    last_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    sent_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
 
 
 __all__ = ["EmailOutbox"]
