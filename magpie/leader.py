@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -94,24 +95,36 @@ class LeaderLock:
     def hold(self) -> Iterator[threading.Event | None]:
         """Acquire, keep renewing in a background thread, release on exit.
 
-        Yields the cancellation event (set when leadership is lost: stop at the next safe point), or
-        ``None`` when another holder has the lock (do nothing then).
+        Yields the cancellation event, or ``None`` when another holder has the lock (do nothing then).
+        The event is set when a renewal is refused or fails, or when no renewal has been confirmed for a
+        whole TTL (Redis unreachable): stop at the next safe point, another instance may lead by now.
         """
         if not self.acquire():
             yield None
             return
         stop = threading.Event()
+        confirmed = [time.monotonic()]
 
         def renewer():
             while not stop.wait(self.ttl_ms / 3000):
                 if not self.renew():
                     return
+                confirmed[0] = time.monotonic()
 
-        t = threading.Thread(target=renewer, name=f"leader-{self.job}", daemon=True)
-        t.start()
+        def watchdog():  # a renewal blocked on a dead connection must not keep a stale leader running
+            while not stop.wait(self.ttl_ms / 6000):
+                if time.monotonic() - confirmed[0] > self.ttl_ms / 1000:
+                    self.lost.set()
+                    return
+
+        threads = [threading.Thread(target=f, name=f"leader-{self.job}-{f.__name__}", daemon=True)
+                   for f in (renewer, watchdog)]
+        for t in threads:
+            t.start()
         try:
             yield self.lost
         finally:
             stop.set()
-            t.join(self.ttl_ms / 1000)
+            for t in threads:
+                t.join(self.ttl_ms / 1000)
             self.release()

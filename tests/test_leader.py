@@ -42,3 +42,51 @@ def test_lost_lock_fires_cancellation_during_hold(redis_client, redis_prefix):
     with a.hold() as lost:
         redis_client.delete(a.key)  # lock lost (expired, or Redis lost data)
         assert lost.wait(1.0)
+
+
+def test_contention_resumes_after_redis_restart(tmp_path):
+    """A private redis-server on a free loopback port goes away and comes back (empty): the holder's
+    renewal fails and cancels its work; afterwards the lock can be acquired again."""
+    import shutil
+    import socket
+    import subprocess
+
+    import pytest
+    import redis
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server binary not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def start():
+        p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        c = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
+        for _ in range(100):
+            try:
+                c.ping()
+                return p, c
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        p.kill()
+        raise RuntimeError("private redis-server did not start")
+
+    proc, client = start()
+    try:
+        a = LeaderLock(client, "t:", "job", ttl_ms=300)
+        with a.hold() as lost:
+            assert lost is not None
+            proc.kill()
+            proc.wait()
+            assert lost.wait(3.0)  # renewal failed: the job is told to stop
+            b = LeaderLock(client, "t:", "job", ttl_ms=1000)
+            assert not b.acquire()  # Redis is down: nobody leads
+            proc, client2 = start()
+            assert b.acquire()  # back (empty): contention simply resumes
+            assert not a.is_held()
+    finally:
+        proc.kill()
+        proc.wait()
