@@ -11,5 +11,5 @@ if cur and is_lease(tonumber(cur)) and tonumber(cur) > clock(ARGV[1]) and ARGV[5
 redis.call('ZREM', shard, member)
 redis.call('DEL', pkey)
 forget(member, ARGV[3])
-if cur and is_lease(tonumber(cur)) then inflight_add(-1) end
+unlease({ member })
 return 1

@@ -2,8 +2,8 @@
 -- KEYS: schedule keys, then the shard key of item i at KEYS[8+i].
 -- ARGV[1] clock override, ARGV[2] interval ms, then per item i: ARGV[3i] member, ARGV[3i+1] lease
 -- score, ARGV[3i+2] previous score (before the claim).
--- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall count
--- (only set after a stalled claim, .5) and retry count (only set for a retry due time, .25).
+-- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall and retry
+-- counts ("in a row" ends here).
 -- Returns per item: 1 completed, -1 lease lost (stale holder; nothing changed), -2 gone.
 local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
@@ -16,7 +16,7 @@ for i = 1, n do
   if not groups[shard] then groups[shard] = {}; order[#order + 1] = shard end
   table.insert(groups[shard], i)
 end
-local done = 0
+local done = {}
 local hargs = {}
 for _, shard in ipairs(order) do
   local items = groups[shard]
@@ -39,9 +39,7 @@ for _, shard in ipairs(order) do
       if not low or base + interval < low then low = base + interval end
       zargs[#zargs + 1] = base + interval
       zargs[#zargs + 1] = member
-      if is_lease(prev) then redis.call('HDEL', K_STALLS, member) end
-      if is_retry(prev) then redis.call('HDEL', K_RETRIES, member) end
-      done = done + 1
+      done[#done + 1] = member
     end
   end
   if #zargs > 0 then
@@ -51,5 +49,10 @@ for _, shard in ipairs(order) do
   end
 end
 if #hargs > 0 then redis.call('ZADD', K_HEADS, 'LT', unpack(hargs)) end
-inflight_add(-done)
+-- a completed cycle ends the lease and resets the route's stall and retry counts
+if #done > 0 then
+  unlease(done)
+  redis.call('HDEL', K_STALLS, unpack(done))
+  redis.call('HDEL', K_RETRIES, unpack(done))
+end
 return res

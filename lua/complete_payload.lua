@@ -33,7 +33,7 @@ if #result == 0 then
   redis.call('ZREM', shard, member)
   redis.call('DEL', pkey)
   forget(member, ARGV[4])
-  inflight_add(-1)
+  unlease({ member })
   return 2
 end
 local updated = join_w(head, result)
@@ -42,7 +42,7 @@ local prev = tonumber(ARGV[7])
 local base = math.floor(prev)
 if now > base then base = now end
 redis.call('ZADD', shard, base + tonumber(ARGV[2]), member)
-inflight_add(-1)
+unlease({ member })
 redis.call('HDEL', K_STALLS, member)
 redis.call('HDEL', K_RETRIES, member)
 lower_head(shard, base + tonumber(ARGV[2]))

@@ -13,7 +13,7 @@ for i = 1, #rows, 2 do
     leased = leased + 1
   else
     if score <= now then due = due + 1 else waiting = waiting + 1 end
-    if is_lease(score) then inflight_add(-1) end  -- an expired lease
+    if is_lease(score) then unlease({ member }) end  -- an expired lease
     redis.call('ZREM', shard, member)
     redis.call('DEL', ARGV[2] .. member)
     forget(member, ARGV[3])

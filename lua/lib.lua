@@ -1,9 +1,9 @@
 -- lib.lua: prelude prepended to every script by magpie/queue/scripts.py (not run on its own).
 -- Every script receives the same eight schedule keys first (KEYS[1..8]); script-specific keys follow.
 -- Score fractions mark state: .0 an ordinary due time, .25 a backoff retry due time, .5 a lease.
--- K_INFLIGHT counts outstanding leases (expired ones too, until re-claimed or ended): one INCRBY per
--- batch instead of a per-route lease index.
-local K_HEADS, K_INFLIGHT, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+-- K_LEASED indexes every lease handed out (member -> lease score), written with one variadic command
+-- per script call; live leases are its scores above now, so an expired lease never blocks a claim.
+local K_HEADS, K_LEASED, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local NCORE = 8
 
@@ -48,8 +48,8 @@ local function forget(member, logs_prefix)
 end
 
 -- Fencing: 1 when the stored score equals the holder's lease score, else -1 (lost) or -2 (gone).
-local function inflight_add(n)
-  if n ~= 0 then redis.call('INCRBY', K_INFLIGHT, n) end
+local function unlease(members)
+  if #members > 0 then redis.call('ZREM', K_LEASED, unpack(members)) end
 end
 
 local function fence(shard, member, expected)

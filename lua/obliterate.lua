@@ -1,19 +1,12 @@
 -- obliterate.lua: delete the whole schedule keyspace in bounded batches.
 -- KEYS: schedule keys, then every shard key. ARGV[1] clock override, ARGV[2] payload prefix,
--- ARGV[3] logs prefix, ARGV[4] batch size, ARGV[5] force (1/0), ARGV[6] longest lease ms (live leases
--- are .5 scores within (now, now + longest lease]).
+-- ARGV[3] logs prefix, ARGV[4] batch size, ARGV[5] force (1/0).
 -- Refuses unless the queue is paused, and while leases are live unless forced.
 -- Returns { status, deleted_routes } with status 'not_paused', 'active_leases', 'more' or 'done'.
 local now = clock(ARGV[1])
 if redis.call('EXISTS', K_PAUSED) == 0 then return { 'not_paused', 0 } end
-if ARGV[5] ~= '1' then
-  local horizon = fmt(now + tonumber(ARGV[6]) + 1)
-  for i = NCORE + 1, #KEYS do
-    local rows = redis.call('ZRANGE', KEYS[i], '(' .. now, horizon, 'BYSCORE', 'WITHSCORES')
-    for j = 2, #rows, 2 do
-      if is_lease(tonumber(rows[j])) then return { 'active_leases', 0 } end
-    end
-  end
+if ARGV[5] ~= '1' and redis.call('ZCOUNT', K_LEASED, '(' .. now, '+inf') > 0 then
+  return { 'active_leases', 0 }
 end
 local budget = tonumber(ARGV[4])
 local deleted = 0
@@ -35,5 +28,5 @@ for i = NCORE + 1, #KEYS do
   if not sweep(KEYS[i]) then return { 'more', deleted } end
 end
 if not sweep(K_DEAD) then return { 'more', deleted } end
-redis.call('DEL', K_HEADS, K_INFLIGHT, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED)
+redis.call('DEL', K_HEADS, K_LEASED, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED)
 return { 'done', deleted }

@@ -16,14 +16,15 @@ local max_stalled = tonumber(ARGV[6])
 
 if redis.call('EXISTS', K_PAUSED) == 1 then return { tostring(now), 0, 1, 0, '' } end
 if max_inflight > 0 then
-  local room = max_inflight - tonumber(redis.call('GET', K_INFLIGHT) or '0')
+  local room = max_inflight - redis.call('ZCOUNT', K_LEASED, '(' .. now, '+inf')
   if room < want then want = room end
 end
 if want < 0 then want = 0 end
 local out = { tostring(now), want, 0, 0, '' }
 if want == 0 then return out end
 local lease_s = fmt(now + lease_ms + 0.5)
-local got, dead, delta = 0, 0, 0
+local got, dead = 0, 0
+local leased_args, unleased = {}, {}
 local due = redis.call('ZRANGE', K_HEADS, '-inf', now, 'BYSCORE')
 table.sort(due)  -- rank shards by key once: ties on score then compare numbers, not strings
 local cursors = {}
@@ -93,19 +94,20 @@ while got < want and #cursors > 0 do
         redis.call('ZADD', K_DEAD, now, member)
         redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, at = now }))
         dead = dead + 1
-        delta = delta - 1
+        unleased[#unleased + 1] = member
       else
         claim[shard] = claim[shard] or {}
         table.insert(claim[shard], lease_s)
         table.insert(claim[shard], member)
-        if stalled == 0 then delta = delta + 1 end  -- a re-claimed lease was already counted
+        leased_args[#leased_args + 1] = lease_s
+        leased_args[#leased_args + 1] = member
         local attempts = 0
         if is_retry(score) then attempts = tonumber(redis.call('HGET', K_RETRIES, member) or '0') end
         out[#out + 1] = { member, payload, fmt(score), shard, stalled + 2 * attempts }
         got = got + 1
       end
-    elseif is_lease(score) then
-      delta = delta - 1
+    else
+      unleased[#unleased + 1] = member
     end
     if not keep then
       drop[shard] = drop[shard] or {}
@@ -135,7 +137,8 @@ for _, c in ipairs(cursors) do
 end
 if #hargs > 0 then redis.call('ZADD', K_HEADS, unpack(hargs)) end
 if #gone > 0 then redis.call('ZREM', K_HEADS, unpack(gone)) end
-inflight_add(delta)
+if #leased_args > 0 then redis.call('ZADD', K_LEASED, unpack(leased_args)) end
+unlease(unleased)
 out[4] = dead
 out[5] = lease_s
 return out

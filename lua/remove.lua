@@ -11,5 +11,5 @@ if redis.call('GET', pkey) ~= ARGV[5] then return -3 end
 redis.call('ZREM', shard, member)
 redis.call('DEL', pkey)
 forget(member, ARGV[2])
-inflight_add(-1)
+unlease({ member })
 return 1

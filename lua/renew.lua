@@ -6,4 +6,5 @@ local ok = fence(shard, ARGV[2], ARGV[3])
 if ok ~= 1 then return ok end
 local lease_s = fmt(clock(ARGV[1]) + tonumber(ARGV[4]) + 0.5)
 redis.call('ZADD', shard, lease_s, ARGV[2])
+redis.call('ZADD', K_LEASED, lease_s, ARGV[2])
 return lease_s

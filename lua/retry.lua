@@ -10,6 +10,7 @@ local ok = fence(shard, ARGV[2], ARGV[3])
 if ok ~= 1 then return ok end
 local due = clock(ARGV[1]) + tonumber(ARGV[4])
 redis.call('ZADD', shard, fmt(math.floor(due) - 0.75), ARGV[2])
-inflight_add(-1)
+unlease({ ARGV[2] })
+redis.call('HDEL', K_STALLS, ARGV[2])  -- the holder came back: not a stall
 lower_head(shard, fmt(math.floor(due) - 0.75))
 return redis.call('HINCRBY', K_RETRIES, ARGV[2], 1)

@@ -62,10 +62,10 @@ class QueueKeys:
         return self.base + "proxy_queue_heads"
 
     @property
-    def inflight(self) -> str:
-        """Counter of outstanding leases (``MAGPIE_MAX_INFLIGHT`` is enforced against it in ``pop.lua``).
-        Expired leases stay counted until re-claimed, dead-lettered or removed."""
-        return self.base + "proxy_inflight"
+    def leased(self) -> str:
+        """Lease index: member -> lease score of every lease handed out and not ended. Live leases are the
+        scores above now (``MAGPIE_MAX_INFLIGHT`` is checked against their count in ``pop.lua``)."""
+        return self.base + "proxy_leased"
 
     @property
     def dead(self) -> str:
@@ -104,5 +104,5 @@ class QueueKeys:
 
     def core(self) -> list[str]:
         """The eight keys every script receives first, in ``lua/lib.lua`` order."""
-        return [self.heads, self.inflight, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
+        return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
                 self.progress]

@@ -382,7 +382,7 @@ class RouteQueue:
         """
         k = self.keys
         status, deleted = self.scripts.obliterate(keys=self._core + k.all_shards(), args=[
-            self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0", self.lease_ms])
+            self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0"])
         status = _s(status)
         if status in ("not_paused", "active_leases"):
             raise QueueError(status)
@@ -479,10 +479,10 @@ class RouteQueue:
         """Per-shard counts for operators (not on the hot path).
 
         Returns ``{"now_ms", "paused", "shards": [{"shard", "scheduled", "leased", "expired_leases",
-        "due_now", "next_due_ms", "oldest_lateness_s"}], "totals": {...}}``. ``leased`` counts live
-        leases (scanned within one lease length ahead); ``due_now`` counts every claimable member
-        (ordinary due routes and expired leases); lateness is now minus the oldest claimable score, in
-        seconds; ``totals.inflight_counter`` is the counter ``MAGPIE_MAX_INFLIGHT`` is checked against.
+        "due_now", "next_due_ms", "oldest_lateness_s"}], "totals": {...}}``. ``leased`` counts live leases
+        and ``expired_leases`` leases past expiry not yet re-claimed (from the lease index); ``due_now``
+        counts every claimable member (ordinary due routes and expired leases); lateness is now minus the
+        oldest claimable score, in seconds.
         """
         now = self.server_time_ms()
         k = self.keys
@@ -492,18 +492,19 @@ class RouteQueue:
             pipe.zrangebyscore(shard, "-inf", now, start=0, num=1, withscores=True)
             pipe.zcount(shard, "-inf", now)
             pipe.zrangebyscore(shard, f"({now}", "+inf", withscores=True, start=0, num=1)
-            pipe.zrangebyscore(shard, f"({now}", now + self.lease_ms + 1, withscores=True)
-            pipe.zrangebyscore(shard, "-inf", now, withscores=True)
+        pipe.zrangebyscore(k.leased, "-inf", "+inf", withscores=True)
         pipe.zcard(k.dead)
         pipe.exists(k.paused)
-        pipe.get(k.inflight)
         res = pipe.execute()
-        dead, paused, inflight = res[-3:]
+        lease_rows, dead, paused = res[-3:]
+        per_shard: dict[str, list[int]] = {}
+        for m, sc in lease_rows:
+            entry = per_shard.setdefault(k.shard_of(_s(m)), [0, 0])
+            entry[0 if sc > now else 1] += 1
         shards = []
         for i, shard in enumerate(k.all_shards()):
-            card, oldest, due, nxt, live_rows, due_rows = res[6 * i: 6 * i + 6]
-            live = sum(1 for _, sc in live_rows if is_lease_score(sc))
-            expired = sum(1 for _, sc in due_rows if is_lease_score(sc))
+            card, oldest, due, nxt = res[4 * i: 4 * i + 4]
+            live, expired = per_shard.get(shard, [0, 0])
             shards.append({
                 "shard": shard, "scheduled": int(card), "leased": live, "expired_leases": expired,
                 "due_now": int(due), "next_due_ms": int(nxt[0][1]) if nxt else None,
@@ -515,7 +516,6 @@ class RouteQueue:
             "expired_leases": sum(s["expired_leases"] for s in shards),
             "due_now": sum(s["due_now"] for s in shards),
             "dead": int(dead),
-            "inflight_counter": int(inflight or 0),
             "next_due_ms": min((s["next_due_ms"] for s in shards if s["next_due_ms"]), default=None),
             "oldest_lateness_s": max((s["oldest_lateness_s"] for s in shards), default=0.0),
         }

@@ -299,3 +299,38 @@ def test_update_unknown_route_is_refused(cq):
     with pytest.raises(QueueError) as exc:
         cq.update("0" * 24, "{}")
     assert exc.value.code == "gone"
+
+
+def test_expired_leases_never_block_claims_under_max_inflight(make_queue, clock):
+    """Holders that died with the cap's worth of leases: their expired leases must still be re-claimed
+    (regression: a counter of outstanding leases counted them forever and starved the schedule)."""
+    q = make_queue(clock=clock, lease_ms=1000)
+    items = [item(i) for i in range(2)]
+    q.schedule(items)
+    for h, _ in items:
+        q.force_due(h, clock.now - 1)
+    assert len(q.pop(3, max_inflight=2)) == 2  # the holder then vanishes
+    assert q.pop(3, max_inflight=2) == []
+    clock.advance(1001)
+    again = q.pop(3, max_inflight=2)
+    assert len(again) == 2 and all(le.stalled for le in again)
+    st = q.status()["totals"]
+    assert st["leased"] == 2 and st["expired_leases"] == 0
+
+
+def test_stall_and_retry_counts_reset_after_any_completed_cycle(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
+    h, p = item(1)
+    claimed(q, clock, (h, p))
+    clock.advance(1001)
+    stalled = q.pop(1)[0]  # stall 1
+    assert q.retry(stalled, 10) == 1  # the holder came back: judge down, retried
+    clock.advance(10)
+    le = q.pop(1)[0]
+    q.complete_one(le)
+    info = q.inspect(h)
+    assert (info["stalls"], info["retries"]) == (0, 0)
+    clock.advance(60_001)
+    q.pop(1)
+    clock.advance(1001)
+    assert [x.member for x in q.pop(1)] == [h]  # one new stall is within the bound again

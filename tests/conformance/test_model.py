@@ -31,7 +31,6 @@ class Model:
         self.stalls: dict[str, int] = {}
         self.retries: dict[str, int] = {}
         self.paused = False
-        self.inflight = 0  # outstanding leases, expired ones included until re-claimed or ended
 
     def shard(self, m):
         return self.q.keys.shard_of(m)
@@ -69,10 +68,7 @@ class Model:
                 if self.stalls[m] > self.max_stalled:
                     del self.score[m]
                     self.dead[m] = self.now
-                    self.inflight -= 1
                     continue
-            else:
-                self.inflight += 1
             attempts = self.retries.get(m, 0) if prev % 1 == 0.25 else 0
             self.score[m] = self.now + self.lease + 0.5
             got.append((m, prev, stalled, attempts))
@@ -89,12 +85,9 @@ class Model:
 
     def complete(self, lease, new_ws=None):
         m, prev = lease.member, float(lease.previous_score)
-        self.inflight -= 1
         self.score[m] = max(math.floor(prev), self.now) + self.interval
-        if new_ws is not None or prev % 1 == 0.5:
-            self.stalls.pop(m, None)
-        if new_ws is not None or prev % 1 == 0.25:
-            self.retries.pop(m, None)
+        self.stalls.pop(m, None)  # a completed cycle ends "in a row"
+        self.retries.pop(m, None)
 
 
 def test_random_interleaving_matches_reference_model(make_queue, clock):
@@ -180,7 +173,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                 def ok(res, le=le, delay=delay):
                     model.score[le.member] = math.floor(model.now + delay) - 0.75
                     model.retries[le.member] = model.retries.get(le.member, 0) + 1
-                    model.inflight -= 1
+                    model.stalls.pop(le.member, None)
                     assert res == model.retries[le.member]
                 fenced(le, lambda: q.retry(le, delay), ok)
             elif op == "remove":
@@ -191,7 +184,6 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                 else:
                     def ok(_r, le=le):
                         model.forget(le.member)
-                        model.inflight -= 1
                     fenced(le, lambda: q.remove(le), ok)
             elif op == "complete_payload":
                 orig = set(Payload.decode(le.payload).workspaces)
@@ -208,14 +200,16 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                     if not new:
                         assert res == "removed"
                         model.forget(le.member)
-                        model.inflight -= 1
                     else:
                         assert res == "completed"
                         model.ws[le.member] = new
                         model.complete(le, new_ws=new)
                 fenced(le, lambda: q.complete_with_payload(le, desired), ok)
         if step % 25 == 0 or step == STEPS - 1:
-            assert q.status()["totals"]["inflight_counter"] == model.inflight, step
+            live = sum(1 for s in model.score.values() if s % 1 == 0.5 and s > model.now)
+            expired = sum(1 for s in model.score.values() if s % 1 == 0.5 and s <= model.now)
+            totals = q.status()["totals"]
+            assert (totals["leased"], totals["expired_leases"]) == (live, expired), step
             for m in MEMBERS:
                 s = q.score(m)
                 assert (None if s is None else float(s)) == model.score.get(m), (step, m)
