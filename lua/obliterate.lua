@@ -1,5 +1,5 @@
 -- obliterate.lua: delete the whole schedule keyspace in bounded batches.
--- KEYS: schedule keys, then every shard key. ARGV[1] clock override, ARGV[2] payload prefix,
+-- KEYS: schedule keys, the layout key, then every shard key. ARGV[1] clock override, ARGV[2] payload prefix,
 -- ARGV[3] logs prefix, ARGV[4] batch size, ARGV[5] force (1/0).
 -- Refuses unless the queue is paused, and while leases are live unless forced.
 -- Returns { status, deleted_routes } with status 'not_paused', 'active_leases', 'more' or 'done'.
@@ -24,9 +24,9 @@ local function sweep(zkey)
   end
   return redis.call('ZCARD', zkey) == 0
 end
-for i = NCORE + 1, #KEYS do
+for i = NCORE + 2, #KEYS do
   if not sweep(KEYS[i]) then return { 'more', deleted } end
 end
 if not sweep(K_DEAD) then return { 'more', deleted } end
-redis.call('DEL', K_HEADS, K_LEASED, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED)
+redis.call('DEL', K_HEADS, K_LEASED, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED, KEYS[NCORE + 1])
 return { 'done', deleted }

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from magpie.cli_common import echo_json as _emit_json, load_settings_or_exit as _settings
 
@@ -21,7 +22,38 @@ console = Console()
 
 
 
-@click.group()
+def _storage_error(exc: Exception) -> str | None:
+    """One line for an unreachable or unmigrated Redis / PostgreSQL, or None for other errors."""
+    import redis
+    from sqlalchemy import exc as sa_exc
+
+    if isinstance(exc, redis.RedisError):
+        return f"Redis error (MAGPIE_REDIS_URL): {exc}"
+    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"cannot reach PostgreSQL (MAGPIE_DATABASE_URL): {first}"
+    if isinstance(exc, sa_exc.ProgrammingError):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"PostgreSQL schema missing or out of date (run `magpie db upgrade`): {first}"
+    return None
+
+
+class MagpieGroup(click.Group):
+    """The top-level group: storage failures in any command become a one-line error, never a traceback."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.exceptions.ClickException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated below or re-raised
+            msg = _storage_error(exc)
+            if msg is None:
+                raise
+            raise click.ClickException(msg) from None
+
+
+@click.group(cls=MagpieGroup)
 @click.version_option(package_name="magpie")
 def main() -> None:
     """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
@@ -83,7 +115,7 @@ def import_cmd(file: str, workspace: str, protocol: str, dry_run: bool, as_json:
         report = import_file(file, workspace, settings, protocol=protocol, dry_run=dry_run, progress=progress_cb)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from None
-    except Exception as exc:  # noqa: BLE001 - storage down: nothing half-written survives a retry
+    except Exception as exc:  # noqa: BLE001 - storage down: re-running the import completes it
         raise click.ClickException(f"import failed: {exc.__class__.__name__}: {exc}") from None
     finally:
         if prog:
@@ -114,8 +146,9 @@ def status(as_json: bool) -> None:
     """Per-shard schedule state: scheduled, leased, due now, next due, oldest lateness (s)."""
     from magpie.queue import RouteQueue
 
+    settings = _settings()
     try:
-        st = RouteQueue.from_settings(_settings()).status()
+        st = RouteQueue.from_settings(settings).status()
     except Exception as exc:  # noqa: BLE001
         raise click.ClickException(f"cannot read the schedule from Redis: {exc}") from None
     if as_json:
@@ -142,9 +175,10 @@ def health_table(rows, title="route health") -> Table:
         alive = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[r["alive"]]
         user = f"{r['username']}@" if r.get("username") else ""
         host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
-        t.add_row(f"{user}{host}:{r['port']}", r["protocol"], alive,
+        t.add_row(Text(f"{user}{host}:{r['port']}"), r["protocol"], alive,
                   f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-",
-                  r["anonymity"] or "-", str(r["status"] or r.get("error") or "-"), str(r["checks_total"] or 0),
+                  Text(r["anonymity"] or "-"), Text(str(r["status"] or r.get("error") or "-")),
+                  str(r["checks_total"] or 0),
                   r["last_checked_at"].strftime("%H:%M:%S") if r["last_checked_at"] else "-")
     return t
 
@@ -182,6 +216,8 @@ def _run_queue(as_json: bool, fn):
 
     try:
         result = fn()
+    except click.ClickException:
+        raise
     except QueueError as exc:
         if as_json:
             _emit_json({"ok": False, "refused": exc.code, "member": exc.member or None})
@@ -262,14 +298,22 @@ def queue_inspect(route_hash, as_json):
 @click.argument("payload")
 @json_opt
 def queue_update(route_hash, payload, as_json):
-    """Replace a route's stored payload (JSON text in the payload format)."""
+    """Replace a route's stored payload (JSON text in the payload format, see magpie/queue/payload.py).
+
+    The payload is validated and stored in its canonical compact form. Changing host, port, protocol or
+    credentials here does not change the route hash: re-import the route instead."""
     from magpie.queue import Payload, PayloadError
 
     try:
-        Payload.decode(payload)  # refuse malformed input before it reaches Redis
+        decoded = Payload.decode(payload)  # refuse malformed input before it reaches Redis
     except PayloadError as exc:
         raise click.ClickException(f"payload rejected: {exc}") from None
-    _run_queue(as_json, lambda: (_queue().update(route_hash, payload), "updated")[1])
+    if decoded.route_hash != route_hash:
+        raise click.ClickException(f"payload rejected: its route hash 'k' ({decoded.route_hash}) is not {route_hash}")
+    if not decoded.workspaces:
+        raise click.ClickException("payload rejected: 'w' must name at least one workspace")
+    canonical = decoded.encode()  # the compact form the scripts merge workspaces into
+    _run_queue(as_json, lambda: (_queue().update(route_hash, canonical), "updated")[1])
 
 
 @queue.command("remove")
@@ -315,7 +359,8 @@ def queue_reprocess(route_hash, as_json):
 
 @queue.command("check-now")
 @click.argument("route_hash")
-@click.option("--in", "delay", default=0.0, show_default=True, help="Delay in seconds.")
+@click.option("--in", "delay", default=0.0, show_default=True, type=click.FloatRange(0, 365 * 86400),
+              help="Delay in seconds (0 to one year).")
 @json_opt
 def queue_check_now(route_hash, delay, as_json):
     """Check one route now (or after --in seconds) without a second copy or losing its cadence."""
@@ -354,17 +399,25 @@ def queue_rebuild(as_json):
 @click.option("--protocol", default="http", show_default=True,
               type=click.Choice(["http", "https", "socks4", "socks5"]))
 @click.option("--judge", "judge_url", default=None, help="Judge URL (default MAGPIE_JUDGE_URL).")
-@click.option("--timeout", default=None, type=float, help="Per-attempt timeout, seconds.")
-@click.option("--concurrency", default=16, show_default=True)
+@click.option("--timeout", default=None, type=click.FloatRange(0, 600, min_open=True),
+              help="Per-attempt timeout, seconds.")
+@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True)
 def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
     """Check every route of FILE once, now, with no Redis or PostgreSQL."""
     from magpie.checker import Checker, check_many
     from magpie.importer.parse import parse_file
 
+    from urllib.parse import urlsplit
+
     s = _settings()
+    judge_url = judge_url or s.judge_url
+    if urlsplit(judge_url).scheme not in ("http", "https") or not urlsplit(judge_url).hostname:
+        raise click.BadParameter(f"not an http(s) URL: {judge_url!r}", param_hint="--judge")
     parsed = parse_file(file, default_protocol=protocol)
-    checker = Checker(judge_url or s.judge_url, timeout=timeout or s.check_timeout, attempts=s.check_attempts,
+    for bad in parsed.invalid[:50]:
+        click.echo(f"  line {bad.line}: {bad.reason}", err=True)
+    checker = Checker(judge_url, timeout=timeout or s.check_timeout, attempts=s.check_attempts,
                       body_cap=s.body_cap)
     if checker.learn_own_address() is None:
         click.echo(f"warning: judge {checker.judge_url} unreachable directly; anonymity will not be claimed",
@@ -382,9 +435,9 @@ def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
     for col in ("route", "alive", "latency ms", "anonymity", "error"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["route"], "[green]yes[/]" if r["alive"] else "[red]no[/]",
+        t.add_row(Text(r["route"]), "[green]yes[/]" if r["alive"] else "[red]no[/]",
                   f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-", r["anonymity"] or "-",
-                  r["error"] or "")
+                  Text(r["error"] or ""))
     console.print(t)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 class Settings(BaseSettings):
     """All runtime settings. Units are in the field names or descriptions (seconds unless ``_ms``)."""
 
-    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore", populate_by_name=True, allow_inf_nan=False)
 
     database_url: str = Field(
         "postgresql+psycopg2://postgres@127.0.0.1:5432/magpie", alias="MAGPIE_DATABASE_URL"
@@ -35,9 +35,9 @@ class Settings(BaseSettings):
     """Key prefix for a Redis broker's own keys (kombu ``global_keyprefix``), to share one Redis database."""
     redis_prefix: str = Field("magpie:", alias="MAGPIE_REDIS_PREFIX")
 
-    check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", gt=0)
+    check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", ge=0.1)
     """Seconds between two checks of one route."""
-    lease_seconds: float = Field(300.0, alias="MAGPIE_LEASE_SECONDS", gt=0)
+    lease_seconds: float = Field(300.0, alias="MAGPIE_LEASE_SECONDS", ge=1)
     """Lease length in seconds given by a claim or a renewal (DESIGN: 5 minutes)."""
     renew_below_seconds: float = Field(120.0, alias="MAGPIE_RENEW_BELOW_SECONDS", ge=0)
     """A check renews its lease between attempts when fewer than this many seconds remain."""
@@ -203,6 +203,23 @@ class Settings(BaseSettings):
         parse_cadences(v)
         return v
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, v: str) -> str:
+        if not v.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return v
+
+    @model_validator(mode="after")
+    def _lease_fits_checks(self) -> "Settings":
+        if self.lease_seconds <= self.check_timeout:
+            raise ValueError(f"MAGPIE_LEASE_SECONDS ({self.lease_seconds:g}) must exceed MAGPIE_CHECK_TIMEOUT "
+                             f"({self.check_timeout:g}): one attempt would outlive its lease")
+        if self.renew_below_seconds >= self.lease_seconds:
+            raise ValueError(f"MAGPIE_RENEW_BELOW_SECONDS ({self.renew_below_seconds:g}) must be below "
+                             f"MAGPIE_LEASE_SECONDS ({self.lease_seconds:g})")
+        return self
+
     @field_validator("redis_prefix")
     @classmethod
     def _prefix_nonempty(cls, v: str) -> str:
@@ -252,7 +269,10 @@ def load_settings(**overrides) -> Settings:
     except ValidationError as exc:
         parts = []
         for err in exc.errors():
-            loc = err["loc"][0] if err["loc"] else "?"
+            if not err["loc"]:  # a rule across settings; its message names the variables
+                parts.append(err["msg"].removeprefix("Value error, "))
+                continue
+            loc = err["loc"][0]
             field = Settings.model_fields.get(str(loc))
             name = field.alias if field is not None and field.alias else str(loc)
             parts.append(f"{name}: {err['msg']} (got {err.get('input')!r})")

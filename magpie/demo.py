@@ -139,6 +139,7 @@ def main() -> int:
         rows = latest_health(engine, "demo", keyring=keyring)
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
         table = Table(title="magpie demo: route health")
@@ -154,7 +155,7 @@ def main() -> int:
                            f"checks={r['checks_total']}, lab intends alive={p and p.expect_alive} "
                            f"anonymity={p and p.expect_anonymity}")
             host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
-            table.add_row(p.name if p else "?", f"{host}:{r['port']}", r["protocol"],
+            table.add_row(p.name if p else "?", Text(f"{host}:{r['port']}"), r["protocol"],
                           {True: "yes", False: "no", None: "-"}[r["alive"]],
                           f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-", r["anonymity"] or "-",
                           str(r["checks_total"] or 0), "yes" if ok else "NO")

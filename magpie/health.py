@@ -6,7 +6,8 @@ Probes, each bounded by ``MAGPIE_HEALTH_TIMEOUT`` seconds:
 * ``postgres``: ``SELECT 1`` on ``MAGPIE_DATABASE_URL``.
 * ``broker``: a kombu connection to ``MAGPIE_BROKER_URL`` (``ensure_connection``, one attempt).
 * ``schema``: the database's Alembic revision equals the newest one shipped with the code.
-* ``queue``: the schedule is bootstrapped: its heads index exists, or PostgreSQL holds no route that a
+* ``queue``: the schedule is bootstrapped: its heads index exists, or it was built from PostgreSQL (the
+  rebuild marker is set; an operator may have drained it since), or PostgreSQL holds no route that a
   workspace owns (nothing to schedule).
 
 Readiness does not prove that jobs finish: watch ``magpie_maintenance_last_success_timestamp_seconds``,
@@ -98,15 +99,17 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
         def queue_probe() -> str:
             from magpie.queue import QueueKeys
 
-            heads = QueueKeys(settings.redis_prefix, settings.queue_shards).heads
-            if r.exists(heads):
+            keys = QueueKeys(settings.redis_prefix, settings.queue_shards)
+            if r.exists(keys.heads):
                 return "heads index present"
+            if r.exists(keys.base + "maintenance_marker"):  # built from PostgreSQL, then drained on purpose
+                return "schedule built from PostgreSQL (now empty)"
             with engine.connect() as conn:
                 owned = conn.execute(sa.text("SELECT EXISTS (SELECT 1 FROM route_workspaces)")).scalar_one()
             if owned:
                 raise RuntimeError(
                     "schedule not bootstrapped: no heads index but routes in PostgreSQL "
-                    "(run: magpie maintenance run rebuild)"
+                    "(run: magpie queue rebuild)"
                 )
             return "no routes to schedule"
 

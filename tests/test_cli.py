@@ -140,3 +140,26 @@ def test_queue_rebuild_after_redis_lost_the_schedule(cli, db, tmp_path, redis_cl
     out = json.loads(cli("queue", "rebuild", "--json").stdout)
     assert out["ok"]
     assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 2
+
+
+def test_tables_print_user_text_literally(cli, db, tmp_path, monkeypatch):
+    """Credentials and hosts are data, not rich markup: '[/x]' or '[fe80::1]' must not break a table."""
+    monkeypatch.setenv("COLUMNS", "200")
+    f = tmp_path / "list.txt"
+    f.write_text("http://%5B%2Fx%5D:p@127.0.0.1:7001\n[fe80::1]:80\n")
+    cli("import", str(f), "-w", "alpha")
+    out = cli("routes").stdout
+    assert "[/x]@127.0.0.1:7001" in out and "[fe80::1]:80" in out
+
+
+def test_changing_shard_count_is_refused(cli, db, tmp_path, monkeypatch):
+    f = tmp_path / "list.txt"
+    f.write_text("127.0.0.1:3128\n127.0.0.1:3129\n")
+    cli("import", str(f), "-w", "alpha")
+    monkeypatch.setenv("PROXY_QUEUE_SHARDS", "8")
+    get_settings.cache_clear()
+    res = cli("status", code=1)
+    assert "layout_mismatch" in res.output and "PROXY_QUEUE_SHARDS=8" in res.output
+    monkeypatch.setenv("PROXY_QUEUE_SHARDS", "4")
+    get_settings.cache_clear()
+    assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 2

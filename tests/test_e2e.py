@@ -101,9 +101,9 @@ def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg
 
     from magpie.queue import RouteQueue
 
-    lab = start_free_lab(slow_delay=3.0)
+    lab = start_free_lab(slow_delay=2.0)
     try:
-        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="2", MAGPIE_CHECK_TIMEOUT="5",
+        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="2", MAGPIE_CHECK_TIMEOUT="3",
                          MAGPIE_LEASE_SECONDS="4", MAGPIE_RENEW_BELOW_SECONDS="0")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)

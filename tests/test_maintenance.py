@@ -244,7 +244,9 @@ def test_history_retention_drops_whole_old_partitions_and_old_default_rows(s, db
         batch_size=1,
     )
     assert res["status"] == "ok", res
-    assert sorted(res["result"]["dropped"]) == ["check_history_p209101", "check_history_p209102"]
+    # partitions other tests left in the shared session database are older still and may go too
+    ours = sorted(n for n in res["result"]["dropped"] if n.startswith("check_history_p209"))
+    assert ours == ["check_history_p209101", "check_history_p209102"]
     assert res["result"]["default_deleted"] == 1 and res["result"]["daily_deleted"] == 1
     with db.connect() as c:
         left = sorted(c.execute(sa.text("SELECT checked_at FROM check_history")).scalars())

@@ -37,13 +37,14 @@ def _user_errors():
 def _table(title: str, cols: list[str], rows: list[list]) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title)
     for c in cols:
         t.add_column(c)
     for r in rows:
-        t.add_row(*["-" if v is None else (v.strftime("%Y-%m-%d %H:%M:%S") if isinstance(v, datetime) else str(v))
-                    for v in r])
+        t.add_row(*[Text("-" if v is None else (v.strftime("%Y-%m-%d %H:%M:%S") if isinstance(v, datetime)
+                                                else str(v))) for v in r])  # Text: user data is not markup
     Console().print(t)
 
 

@@ -17,6 +17,10 @@ from magpie.importer.parse import parse_file
 CHUNK = 5000
 
 
+class ImportIncomplete(RuntimeError):
+    """PostgreSQL took the routes but Redis did not schedule them all; re-running the import completes it."""
+
+
 @dataclass
 class ImportReport:
     """What an import did. ``valid``: unique good routes in the file; ``imported``: routes newly stored
@@ -45,7 +49,8 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
         queue / engine: a :class:`RouteQueue` and SQLAlchemy engine (default: from ``settings``).
     Raises ``ValueError`` for an unknown default protocol or an empty workspace name; ``OSError`` when the
-    file cannot be read. Malformed lines never raise: they are reported in ``invalid``.
+    file cannot be read; :class:`ImportIncomplete` when Redis failed after PostgreSQL stored routes (Redis is
+    checked before anything is stored, so this needs Redis to fail mid-import). Malformed lines never raise: they are reported in ``invalid``.
     """
     if not workspace or not workspace.strip():
         raise ValueError("workspace name must not be empty")
@@ -71,7 +76,13 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         report.imported += len(store.new_members)
         report.duplicates += len(store.already_members)
         items = [(row.route_hash, row.payload().encode()) for row in store.routes]
-        counts = queue.schedule(items, total=total, start_index=off)
+        try:
+            counts = queue.schedule(items, total=total, start_index=off)
+        except Exception as exc:
+            raise ImportIncomplete(
+                f"{off + len(chunk)} of {total} routes are stored in PostgreSQL but not all are scheduled in Redis "
+                f"({exc.__class__.__name__}: {exc}); re-run the same import (it is idempotent) or "
+                "`magpie queue rebuild` once Redis is back") from exc
         report.scheduled_new += counts["new"]
         if progress:
             progress(min(off + CHUNK, total), total)

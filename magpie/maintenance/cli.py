@@ -25,7 +25,7 @@ def _ts(v) -> str:
 
 @click.command("metrics")
 @click.option("--host", default=None, help="Bind address (default MAGPIE_METRICS_HOST, 127.0.0.1).")
-@click.option("--port", default=None, type=int, help="TCP port (default MAGPIE_METRICS_PORT, else 9464).")
+@click.option("--port", default=None, type=click.IntRange(1, 65535), help="TCP port (default MAGPIE_METRICS_PORT, else 9464).")
 def metrics_cmd(host: str | None, port: int | None) -> None:
     """Serve /metrics in Prometheus text format (schedule, stream, maintenance, check counters)."""
     from magpie.metrics import serve
@@ -122,6 +122,8 @@ def maintenance_status(as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from rich.text import Text
+
     t = Table(title="maintenance jobs")
     for col in (
         "job",
@@ -144,7 +146,7 @@ def maintenance_status(as_json: bool) -> None:
             _ts(r["last_success_at"]),
             str(r["runs_total"]),
             str(r["failures_total"]),
-            (r["last_error"] or "")[:60],
+            Text((r["last_error"] or "")[:60]),  # an error message is not markup
         )
     Console().print(t)
 

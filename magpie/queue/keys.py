@@ -102,6 +102,11 @@ class QueueKeys:
         """Per-route log lists live at ``logs_prefix + hash`` (bounded)."""
         return self.base + "proxy_logs:"
 
+    @property
+    def layout(self) -> str:
+        """The shard count this schedule was created with (``PROXY_QUEUE_SHARDS`` must keep matching it)."""
+        return self.base + "proxy_layout"
+
     def core(self) -> list[str]:
         """The eight keys every script receives first, in ``lua/lib.lua`` order."""
         return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,

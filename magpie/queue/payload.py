@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from magpie.routes import Route
+from magpie.routes import PROTOCOLS, Route
 
 PAYLOAD_VERSION = 1
 
@@ -50,11 +50,19 @@ class Payload:
         """Parse a stored payload; raises :class:`PayloadError` when malformed or of an unknown version."""
         try:
             d = json.loads(raw)
+            if not isinstance(d, dict):
+                raise PayloadError(f"payload must be a JSON object, got {type(d).__name__}")
             if d.get("v") != PAYLOAD_VERSION:
                 raise PayloadError(f"unknown payload version {d.get('v')!r}")
             w = d.get("w") or []
             if isinstance(w, dict):  # Lua cjson encodes an empty array as {}
                 w = []
+            if d["p"] not in PROTOCOLS:
+                raise PayloadError(f"unknown protocol {d['p']!r} (expected one of {', '.join(PROTOCOLS)})")
+            if not 1 <= int(d["o"]) <= 65535:
+                raise PayloadError(f"bad port {d['o']!r}")
+            if not isinstance(w, list) or not isinstance(d["k"], str):
+                raise PayloadError("'w' must be a list of workspace ids and 'k' the route hash")
             return cls(
                 route_id=int(d["id"]),
                 route=Route(d["p"], d["h"], int(d["o"]), d.get("u"), d.get("s")),

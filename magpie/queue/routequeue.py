@@ -154,9 +154,25 @@ class RouteQueue:
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
         """Build from :class:`magpie.config.Settings` (interval and lease in seconds there)."""
         client = client or redis.Redis.from_url(settings.redis_url)
-        return cls(client, QueueKeys(settings.redis_prefix, settings.queue_shards),
-                   interval_ms=int(settings.check_interval * 1000), lease_ms=int(settings.lease_seconds * 1000),
-                   max_stalled=getattr(settings, "max_stalled", 3))
+        q = cls(client, QueueKeys(settings.redis_prefix, settings.queue_shards),
+                interval_ms=int(settings.check_interval * 1000), lease_ms=int(settings.lease_seconds * 1000),
+                max_stalled=getattr(settings, "max_stalled", 3))
+        q.check_layout()
+        return q
+
+    def check_layout(self) -> None:
+        """Record this schedule's shard count on first use; refuse a different one later.
+
+        Raises :class:`QueueError` ``layout_mismatch`` naming ``PROXY_QUEUE_SHARDS`` when the setting
+        differs from the count the stored schedule was built with (routes in the other shards would
+        never be claimed). Obliterating the schedule clears the record.
+        """
+        want = str(self.keys.shards)
+        self.r.set(self.keys.layout, want, nx=True)
+        have = _s(self.r.get(self.keys.layout) or want)
+        if have != want:
+            raise QueueError("layout_mismatch", f"(schedule has {have} shards, PROXY_QUEUE_SHARDS={want}; "
+                                                 f"keep {have}, or rebuild after `magpie queue obliterate`)")
 
     def _now(self) -> int:
         return int(self.clock()) if self.clock else 0
@@ -381,7 +397,7 @@ class RouteQueue:
         ``force``.
         """
         k = self.keys
-        status, deleted = self.scripts.obliterate(keys=self._core + k.all_shards(), args=[
+        status, deleted = self.scripts.obliterate(keys=self._core + [k.layout] + k.all_shards(), args=[
             self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0"])
         status = _s(status)
         if status in ("not_paused", "active_leases"):
