@@ -68,7 +68,7 @@ def db() -> None:
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True)
 def db_upgrade(revision: str) -> None:
-    """Create the database if missing and migrate it to REVISION."""
+    """Create the database if missing and migrate it to --revision (default: head)."""
     from magpie.db.migrate import current_revision, ensure_database, upgrade
 
     url = _settings().database_url
@@ -452,14 +452,22 @@ def judge(host: str, port: int) -> None:
     run_judge(host, port)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def lab(ctx) -> None:
-    """Start the local lab (judge and real proxy servers on 127.0.0.x) until stopped; see --help of
-    ``python -m magpie.lab`` for options (--base-port, --list-file, ...)."""
+@main.command()
+@click.option("--base-port", default=18080, show_default=True, type=click.IntRange(1024, 65527),
+              help="First proxy port (8 ports are used).")
+@click.option("--judge-port", default=8899, show_default=True, type=click.IntRange(0, 65535),
+              help="Judge port on 127.0.0.1 (0: any free port).")
+@click.option("--slow-delay", default=3.0, show_default=True, type=click.FloatRange(0, 60),
+              help="Seconds the slow proxy waits before forwarding.")
+@click.option("--list-file", default=None, type=click.Path(dir_okay=False), help="Also write the proxy list here.")
+def lab(base_port, judge_port, slow_delay, list_file) -> None:
+    """Start the local lab (a judge and real proxy servers on 127.0.0.x) and run until stopped."""
     from magpie.lab.lab import main as lab_main
 
-    sys.exit(lab_main(list(ctx.args)) or 0)
+    argv = ["--base-port", str(base_port), "--judge-port", str(judge_port), "--slow-delay", str(slow_delay)]
+    if list_file:
+        argv += ["--list-file", list_file]
+    sys.exit(lab_main(argv) or 0)
 
 
 def _register_plugins() -> None:

@@ -120,6 +120,7 @@ def main() -> int:
         rows = []
         try:
             t0 = time.monotonic()
+            last_done = -1
             while time.monotonic() - t0 < DEADLINE_S:
                 time.sleep(2)
                 if honcho.poll() is not None:
@@ -127,11 +128,16 @@ def main() -> int:
                     break
                 rows = latest_health(engine, "demo", keyring=keyring)
                 done = sum(1 for r in rows if (r["checks_total"] or 0) >= CHECKS_WANTED)
-                print(f"\r[demo] routes checked {CHECKS_WANTED}+ times: {done}/{len(rows)}  "
-                      f"({time.monotonic() - t0:.0f}s)", end="", flush=True)
+                line = f"[demo] routes checked {CHECKS_WANTED}+ times: {done}/{len(rows)}  ({time.monotonic() - t0:.0f}s)"
+                if sys.stdout.isatty():
+                    print("\r" + line, end="", flush=True)
+                elif done != last_done:  # a log gets one line per change, not a run-on line
+                    print(line, flush=True)
+                last_done = done
                 if rows and done == len(rows):
                     break
-            print()
+            if sys.stdout.isatty():
+                print()
         finally:
             _stop(honcho)
             log.close()

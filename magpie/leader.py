@@ -56,12 +56,12 @@ class LeaderLock:
         self._release = client.register_script(_RELEASE)
 
     def acquire(self) -> bool:
-        """Try once; True when this holder now owns the lock. Redis errors count as not acquired."""
-        try:
-            ok = bool(self.r.set(self.key, self.token, nx=True, px=self.ttl_ms))
-        except redis.RedisError as exc:
-            log.warning("leader lock %s: acquire failed: %s", self.key, exc)
-            return False
+        """Try once; True when this holder now owns the lock, False when another holder has it.
+
+        Raises ``redis.RedisError`` when Redis is unreachable (that is not contention: the caller's job
+        fails and is retried on its next run, when contention simply resumes).
+        """
+        ok = bool(self.r.set(self.key, self.token, nx=True, px=self.ttl_ms))
         if ok:
             self.lost.clear()
         return ok
@@ -93,7 +93,8 @@ class LeaderLock:
 
     @contextmanager
     def hold(self) -> Iterator[threading.Event | None]:
-        """Acquire, keep renewing in a background thread, release on exit.
+        """Acquire, keep renewing in a background thread, release on exit (``redis.RedisError`` when
+        Redis is unreachable at the start).
 
         Yields the cancellation event, or ``None`` when another holder has the lock (do nothing then).
         The event is set when a renewal is refused or fails, or when no renewal has been confirmed for a

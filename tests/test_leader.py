@@ -83,7 +83,8 @@ def test_contention_resumes_after_redis_restart(tmp_path):
             proc.wait()
             assert lost.wait(3.0)  # renewal failed: the job is told to stop
             b = LeaderLock(client, "t:", "job", ttl_ms=1000)
-            assert not b.acquire()  # Redis is down: nobody leads
+            with pytest.raises(redis.ConnectionError):
+                b.acquire()  # Redis is down: nobody leads, and the caller is told why
             proc, client2 = start()
             assert b.acquire()  # back (empty): contention simply resumes
             assert not a.is_held()

@@ -94,6 +94,11 @@ def run_job(
     out = {"job": j.name, "status": "skipped", "result": None, "error": None, "seconds": 0.0}
     t0 = time.monotonic()
     lock = LeaderLock(redis, settings.redis_prefix, j.lock, int(settings.maintenance_lock_ttl * 1000))
+    try:
+        redis.ping()
+    except redis_lib.RedisError as exc:  # not contention: no lock can be taken at all
+        out.update(status="error", error=f"Redis unreachable: {exc}", seconds=round(time.monotonic() - t0, 3))
+        return out
     with lock.hold() as lost:
         if lost is None:
             return out
