@@ -233,6 +233,15 @@ def _run_queue(as_json: bool, fn):
     return result
 
 
+def _known(info: dict) -> dict:
+    """``info`` from :meth:`RouteQueue.inspect`; a route the schedule does not know is a ``gone`` refusal."""
+    from magpie.queue import QueueError
+
+    if info["state"] == "gone" and info["payload"] is None:
+        raise QueueError("gone", info["member"])
+    return info
+
+
 @main.group()
 def queue() -> None:
     """Operate the route schedule: pause/resume, drain, obliterate, dead letters and per-route verbs.
@@ -290,7 +299,7 @@ def queue_obliterate(force, batch, as_json):
 @json_opt
 def queue_inspect(route_hash, as_json):
     """Payload, score, state, stall count, retries, progress and recent logs of one route."""
-    _run_queue(as_json, lambda: _queue().inspect(route_hash))
+    _run_queue(as_json, lambda: _known(_queue().inspect(route_hash)))
 
 
 @queue.command("update")
@@ -330,7 +339,7 @@ def queue_remove(route_hash, force, as_json):
 @json_opt
 def queue_logs(route_hash, as_json):
     """Recent log lines a check wrote for one route."""
-    _run_queue(as_json, lambda: _queue().inspect(route_hash)["logs"])
+    _run_queue(as_json, lambda: _known(_queue().inspect(route_hash))["logs"])
 
 
 @queue.command("progress")
@@ -338,7 +347,7 @@ def queue_logs(route_hash, as_json):
 @json_opt
 def queue_progress(route_hash, as_json):
     """Latest progress a check recorded for one route."""
-    _run_queue(as_json, lambda: _queue().inspect(route_hash)["progress"])
+    _run_queue(as_json, lambda: _known(_queue().inspect(route_hash))["progress"])
 
 
 @queue.command("dead")

@@ -105,6 +105,7 @@ def test_queue_verbs_and_typed_refusals(cli, db, tmp_path):
     assert done == {"status": "done", "deleted_routes": 2}
     gone = json.loads(cli("queue", "reprocess", h, "--json", code=3).stdout)
     assert gone["refused"] == "not_dead"
+    assert json.loads(cli("queue", "inspect", h, "--json", code=3).stdout)["refused"] == "gone"
     cli("queue", "update", h, "not json", code=1)
 
 
