@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
+from helpers import run_concurrently
 import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
@@ -155,19 +155,7 @@ def test_membership_merges_across_workspaces(db, keyring):
 
 def test_concurrent_imports_of_the_same_routes_do_not_duplicate(db, keyring):
     routes = _routes(3000, creds=True)
-    results, errors = [], []
-
-    def run():
-        try:
-            results.append(upsert_routes(db, keyring, "shared", routes, chunk=500))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results, errors = run_concurrently(lambda: upsert_routes(db, keyring, "shared", routes, chunk=500), 3)
     assert errors == []
     assert _count(db, "routes") == 3000 and _count(db, "route_workspaces") == 3000
     assert sum(r.inserted for r in results) == 3000

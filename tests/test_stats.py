@@ -6,6 +6,7 @@ import json
 import time
 
 import pytest
+from helpers import run_concurrently
 import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
@@ -311,24 +312,11 @@ def test_entry_rejected_by_database_is_isolated_and_dead_lettered(db, redis_clie
 
 
 def test_two_consumers_holding_the_same_entries_apply_them_once(db, stored):
-    import threading
 
     from magpie.stats.stream import _apply, parse_entry
 
     results = [parse_entry(f"{T0 + i}-0", _entry(stored[i % 3], i % 2 == 0, T0 + i)) for i in range(300)]
-    outcomes, errors = [], []
-
-    def run():
-        try:
-            outcomes.append(_apply(db, results))
-        except Exception as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcomes, errors = run_concurrently(lambda: _apply(db, results), 4)
     assert errors == []
     assert sum(o[0] for o in outcomes) == 300 and sum(o[1] for o in outcomes) == 900
     assert len(_history(db)) == 300

@@ -32,12 +32,9 @@ class ImportReport:
     duplicates: int = 0
     skipped: int = 0
     invalid: list[dict] = field(default_factory=list)
-    scheduled_new: int = 0
 
     def as_json(self) -> dict:
-        d = asdict(self)
-        d.pop("scheduled_new")
-        return d
+        return asdict(self)
 
 
 def import_file(path, workspace: str, settings: Settings, *, protocol: str = "http", dry_run: bool = False,
@@ -77,13 +74,12 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         report.duplicates += len(store.already_members)
         items = [(row.route_hash, row.payload().encode()) for row in store.routes]
         try:
-            counts = queue.schedule(items, total=total, start_index=off)
+            queue.schedule(items, total=total, start_index=off)
         except Exception as exc:
             raise ImportIncomplete(
                 f"{off + len(chunk)} of {total} routes are stored in PostgreSQL but not all are scheduled in Redis "
                 f"({exc.__class__.__name__}: {exc}); re-run the same import (it is idempotent) or "
                 "`magpie queue rebuild` once Redis is back") from exc
-        report.scheduled_new += counts["new"]
         if progress:
             progress(min(off + CHUNK, total), total)
     return report
