@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
-from magpie import celery_config
+from magpie import celery_config, worker  # noqa: F401 (worker connects the Celery signal hooks)
 
 app = Celery("magpie", include=["magpie.tasks"])
 try:

@@ -66,6 +66,9 @@ def build(settings=None) -> dict:
             "magpie.delivery.*": {"queue": "delivery", "routing_key": "delivery"},
             "magpie.email.*": {"queue": "email", "routing_key": "email"},
         },
+        # A check task only admits its leases into the process's check pool; the limits are the last guard.
+        "task_annotations": {"magpie.check_routes": {"soft_time_limit": s.lease_seconds,
+                                                      "time_limit": s.lease_seconds + 30}},
         # Check messages are acked on receipt: a lost message costs a lease expiry, never a route.
         "task_acks_late": False,
         "worker_prefetch_multiplier": 1,

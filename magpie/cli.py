@@ -409,15 +409,20 @@ def queue_rebuild(as_json):
               type=click.Choice(["http", "https", "socks4", "socks5"]))
 @click.option("--judge", "judge_url", default=None, help="Judge URL (default MAGPIE_JUDGE_URL).")
 @click.option("--timeout", default=None, type=click.FloatRange(0, 600, min_open=True),
-              help="Per-attempt timeout, seconds.")
-@click.option("--concurrency", default=16, show_default=True, type=click.IntRange(1, 1000))
+              help="Hard deadline of one attempt, seconds (default MAGPIE_CHECK_TIMEOUT).")
+@click.option("--attempts", default=None, type=click.IntRange(1, 10),
+              help="Attempts per route (default MAGPIE_CHECK_ATTEMPTS).")
+@click.option("--concurrency", default=None, type=click.IntRange(1, 1_000_000),
+              help="Checks in flight at once (default MAGPIE_CHECKS_PER_PROCESS, capped by the fd limit).")
 @click.option("--json", "as_json", is_flag=True)
-def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
-    """Check every route of FILE once, now, with no Redis or PostgreSQL."""
-    from magpie.checker import Checker, check_many
-    from magpie.importer.parse import parse_file
+def check(file, protocol, judge_url, timeout, attempts, concurrency, as_json) -> None:
+    """Check every route of FILE once, now, with no Redis or PostgreSQL.
 
+    Exits 1 when the judge itself does not answer a direct request (no route is blamed then)."""
     from urllib.parse import urlsplit
+
+    from magpie.checker import Checker, checks_within_fd_limit
+    from magpie.importer.parse import parse_file
 
     s = _settings()
     judge_url = judge_url or s.judge_url
@@ -426,12 +431,27 @@ def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
     parsed = parse_file(file, default_protocol=protocol)
     for bad in parsed.invalid[:50]:
         click.echo(f"  line {bad.line}: {bad.reason}", err=True)
-    checker = Checker(judge_url, timeout=timeout or s.check_timeout, attempts=s.check_attempts,
-                      body_cap=s.body_cap)
-    if checker.learn_own_address() is None:
-        click.echo(f"warning: judge {checker.judge_url} unreachable directly; anonymity will not be claimed",
-                   err=True)
-    results = check_many(parsed.routes, checker, concurrency=concurrency)
+    timeout = timeout or s.check_timeout
+    checker = Checker(judge_url, timeout=timeout, attempts=attempts or s.check_attempts, body_cap=s.body_cap,
+                      connect_timeout=min(s.connect_timeout, timeout))
+    try:
+        if checker.learn_own_address() is None:
+            click.echo(f"error: judge {checker.judge_url} does not answer a direct request with an echo; "
+                       "fix --judge (or MAGPIE_JUDGE_URL) before checking routes", err=True)
+            sys.exit(1)
+        width = checks_within_fd_limit(concurrency or s.checks_per_process,
+                                       setting="--concurrency" if concurrency else "MAGPIE_CHECKS_PER_PROCESS")
+        if not as_json and sys.stderr.isatty() and parsed.routes:
+            from rich.progress import Progress
+
+            with Progress(console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task("checking", total=len(parsed.routes))
+                results = checker.check_many(parsed.routes, width,
+                                             on_result=lambda _i, _r: bar.advance(task))
+        else:
+            results = checker.check_many(parsed.routes, width)
+    finally:
+        checker.close()
     rows = []
     for route, res in zip(parsed.routes, results):
         rows.append({"route": route.display(), "protocol": route.protocol, "alive": res.alive,
@@ -440,7 +460,7 @@ def check(file, protocol, judge_url, timeout, concurrency, as_json) -> None:
     if as_json:
         _emit_json({"results": rows, "invalid": [{"line": x.line, "reason": x.reason} for x in parsed.invalid]})
         return
-    t = Table(title=f"one-shot check ({len(rows)} routes)")
+    t = Table(title=f"one-shot check ({len(rows)} routes, {sum(r['alive'] for r in rows)} alive)")
     for col in ("route", "alive", "latency ms", "anonymity", "error"):
         t.add_column(col)
     for r in rows:

@@ -41,14 +41,26 @@ class Settings(BaseSettings):
     """Lease length in seconds given by a claim or a renewal (DESIGN: 5 minutes)."""
     renew_below_seconds: float = Field(120.0, alias="MAGPIE_RENEW_BELOW_SECONDS", ge=0)
     """A check renews its lease between attempts when fewer than this many seconds remain."""
-    max_inflight: int = Field(10000, alias="MAGPIE_MAX_INFLIGHT", ge=1)
-    """Upper bound on outstanding leases that promote will hand out."""
+    max_inflight: int = Field(1_000_000, alias="MAGPIE_MAX_INFLIGHT", ge=1)
+    """Upper bound on outstanding leases that promote will hand out, over every check worker. Promote also
+    never hands out more than the registered check engines have slots (``MAGPIE_CHECKS_PER_PROCESS`` per
+    process), so the default does not cap a node; lower it to protect a small Redis or judge."""
     promote_interval: float = Field(1.0, alias="MAGPIE_PROMOTE_INTERVAL", gt=0)
     """Seconds between two beat-triggered promote passes."""
-    promote_budget: int = Field(5000, alias="MAGPIE_PROMOTE_BUDGET", ge=1)
-    """Most routes one promote pass claims."""
-    routes_per_task: int = Field(16, alias="MAGPIE_ROUTES_PER_TASK", ge=1, le=1000)
+    promote_budget: int = Field(20_000, alias="MAGPIE_PROMOTE_BUDGET", ge=1)
+    """Most routes one promote pass claims (catch-up after downtime never bursts past it)."""
+    routes_per_task: int = Field(250, alias="MAGPIE_ROUTES_PER_TASK", ge=1, le=5000)
     """Leases carried by one check-task message."""
+    checks_per_process: int = Field(10_000, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
+    """Checks one check-worker process runs at once on its event loop; capped below the process's
+    file-descriptor limit (raised toward the hard limit at start), with a warning saying so. Distinct from
+    ``MAGPIE_CHECK_CONCURRENCY``, the Procfile's number of Celery processes."""
+    checker_heartbeat: float = Field(2.0, alias="MAGPIE_CHECKER_HEARTBEAT", gt=0, le=60)
+    """Seconds between two capacity heartbeats of a check engine; promote counts an engine's slots for
+    three heartbeats after its last one."""
+    complete_interval: float = Field(0.1, alias="MAGPIE_COMPLETE_INTERVAL", gt=0, le=10)
+    """Seconds between two completion flushes of a check engine (finished leases complete and publish in
+    small batches, never waiting for their message's other routes)."""
     pop_batch: int = Field(64, alias="MAGPIE_POP_BATCH", ge=1, le=1000)
     """Routes claimed by one pop script call."""
 
@@ -68,7 +80,10 @@ class Settings(BaseSettings):
 
     judge_url: str = Field("http://127.0.0.1:8899/", alias="MAGPIE_JUDGE_URL")
     check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0)
-    """Per-attempt timeout in seconds."""
+    """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer)."""
+    connect_timeout_s: float | None = Field(None, alias="MAGPIE_CONNECT_TIMEOUT", gt=0)
+    """Seconds for the TCP connect plus the proxy handshake of one attempt (default: half of
+    ``MAGPIE_CHECK_TIMEOUT``; never more than it)."""
     check_attempts: int = Field(2, alias="MAGPIE_CHECK_ATTEMPTS", ge=1, le=10)
     body_cap: int = Field(2048, alias="MAGPIE_BODY_CAP", ge=0)
     """Bytes of the judge's response body kept per check."""
@@ -210,11 +225,21 @@ class Settings(BaseSettings):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return v
 
+    @property
+    def connect_timeout(self) -> float:
+        """Connect plus handshake timeout of one attempt in seconds (see ``MAGPIE_CONNECT_TIMEOUT``)."""
+        return min(self.connect_timeout_s or self.check_timeout / 2, self.check_timeout)
+
+    @property
+    def max_check_seconds(self) -> float:
+        """Upper bound in seconds on one check: attempts x deadline plus one second of slack."""
+        return self.check_attempts * self.check_timeout + 1.0
+
     @model_validator(mode="after")
     def _lease_fits_checks(self) -> "Settings":
-        if self.lease_seconds <= self.check_timeout:
-            raise ValueError(f"MAGPIE_LEASE_SECONDS ({self.lease_seconds:g}) must exceed MAGPIE_CHECK_TIMEOUT "
-                             f"({self.check_timeout:g}): one attempt would outlive its lease")
+        if self.lease_seconds <= self.max_check_seconds:
+            raise ValueError(f"MAGPIE_LEASE_SECONDS ({self.lease_seconds:g}) must exceed MAGPIE_CHECK_ATTEMPTS x "
+                             f"MAGPIE_CHECK_TIMEOUT + 1 ({self.max_check_seconds:g}): a check would outlive its lease")
         if self.renew_below_seconds >= self.lease_seconds:
             raise ValueError(f"MAGPIE_RENEW_BELOW_SECONDS ({self.renew_below_seconds:g}) must be below "
                              f"MAGPIE_LEASE_SECONDS ({self.lease_seconds:g})")

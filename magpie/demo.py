@@ -110,11 +110,11 @@ def main() -> int:
         env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
         log = open(STATE / "celery.log", "w")
         honcho = subprocess.Popen(
-            [sys.executable, "-m", "honcho", "-f", str(ROOT / "Procfile"), "start", "worker-checks", "worker-jobs",
+            [sys.executable, "-m", "honcho", "-f", str(ROOT / "Procfile"), "start", "worker-promote", "worker-checks", "worker-jobs",
              "beat"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        _say(f"celery worker-checks, worker-jobs and beat started (log: {STATE / 'celery.log'})")
+        _say(f"celery worker-promote, worker-checks, worker-jobs and beat started (log: {STATE / 'celery.log'})")
         engine = get_engine(settings.database_url)
         keyring = get_keyring(settings.encryption_key)
         rows = []

@@ -10,7 +10,7 @@ Two halves:
   schedule (:meth:`magpie.queue.RouteQueue.status`), the results stream, the leader locks and the
   ``maintenance_runs`` table. ``magpie metrics --port N`` serves it as a standalone process; a Celery
   worker started with ``MAGPIE_METRICS_PORT`` serves the same collector from its main process (see
-  :func:`install_worker_exporter`). Every exporter shows the same, deployment-wide figures: scrape one.
+  the worker hook in :mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one.
 
 Hash fields of ``<prefix>metrics:counters``: ``checks:<outcome>``, ``stale``,
 ``lateness:b:<upper bound in s>`` (one per fixed bucket, not cumulative, ``+Inf`` last),
@@ -447,38 +447,6 @@ def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: Coll
     return start_http_server(port, addr=host, registry=registry)
 
 
-_worker_hook_installed = False
-
-
-def install_worker_exporter() -> None:
-    """Connect a Celery ``worker_init`` handler that serves ``/metrics`` on ``MAGPIE_METRICS_PORT``.
-
-    ``worker_init`` runs once in the worker's main process, before the pool forks, so one HTTP server
-    per worker (not per pool process) serves the scrape-time collector; with several workers on one host,
-    give each its own ``MAGPIE_METRICS_PORT`` (a port in use is logged, and the worker runs on without
-    metrics). Idempotent; imported by :mod:`magpie.tasks`.
-    """
-    global _worker_hook_installed
-    if _worker_hook_installed:
-        return
-    from celery.signals import worker_init
-
-    def _start(**_kw):
-        from magpie.config import get_settings
-
-        s = get_settings()
-        if not s.metrics_port:
-            return
-        try:
-            serve(s, s.metrics_host, s.metrics_port)
-            log.info("metrics on http://%s:%d/metrics", s.metrics_host, s.metrics_port)
-        except OSError as exc:
-            log.warning("metrics endpoint not started on %s:%s: %s", s.metrics_host, s.metrics_port, exc)
-
-    worker_init.connect(_start, weak=False)
-    _worker_hook_installed = True
-
-
 __all__ = [
     "LATENESS_BUCKETS",
     "MagpieCollector",
@@ -486,7 +454,6 @@ __all__ = [
     "check_outcomes",
     "count_stats_drops",
     "counters_key",
-    "install_worker_exporter",
     "lease_lateness_ms",
     "read_counters",
     "record_check_batch",

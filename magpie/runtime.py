@@ -1,4 +1,4 @@
-"""Per-process resources shared by tasks and the CLI: Redis client, route queue, checker, engine.
+"""Per-process resources shared by tasks and the CLI: Redis client, route queue, check pool, database engine.
 
 Built lazily and rebuilt after a fork (prefork Celery workers must not share sockets with their parent).
 """
@@ -43,16 +43,56 @@ def route_queue():
     return _get("queue", lambda: RouteQueue.from_settings(settings(), redis_client()))
 
 
-def checker():
-    """The process's :class:`magpie.checker.Checker` (it caches the checker's own address)."""
-    from magpie.checker import Checker
-
-    s = settings()
-    return _get("checker", lambda: Checker(s.judge_url, timeout=s.check_timeout, attempts=s.check_attempts,
-                                           body_cap=s.body_cap))
-
-
 def engine():
     from magpie.db.session import get_engine
 
     return get_engine(settings().database_url)
+
+
+def capacity_registry():
+    """The :class:`magpie.queue.capacity.CapacityRegistry` of this deployment's schedule."""
+    from magpie.queue.capacity import CapacityRegistry
+
+    return _get("capacity", lambda: CapacityRegistry(redis_client(), route_queue().keys))
+
+
+def check_pool():
+    """This process's started :class:`magpie.checkpool.CheckPool` (built on first use, after a fork anew).
+
+    Its capacity is ``MAGPIE_CHECKS_PER_PROCESS`` capped below the descriptor limit; it publishes results
+    to the stream, records check metrics and announces its slots to the capacity registry.
+    """
+
+    def build():
+        from magpie import metrics
+        from magpie.backoff import Backoff
+        from magpie.checker.engine import CheckEngine, checks_within_fd_limit
+        from magpie.checkpool import CheckPool
+        from magpie.stats import stream
+
+        s = settings()
+        r = redis_client()
+
+        def record(report, entries):
+            metrics.record_check_batch(r, s.redis_prefix, metrics.check_outcomes(report, entries),
+                                       report.stale_completions, [])
+
+        def lateness(leases):
+            metrics.record_check_batch(r, s.redis_prefix, {}, 0, metrics.lease_lateness_ms(leases))
+
+        pool = CheckPool(
+            route_queue(), CheckEngine.from_settings(s), lambda entries: stream.publish_with_settings(r, s, entries),
+            capacity=checks_within_fd_limit(s.checks_per_process), renew_below_ms=s.renew_below_seconds * 1000,
+            backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
+            registry=capacity_registry(), record=record, lateness=lateness,
+            complete_interval=s.complete_interval, heartbeat=s.checker_heartbeat)
+        return pool.start()
+
+    return _get("check_pool", build)
+
+
+def close_check_pool() -> None:
+    """Close this process's check pool if one runs (running checks cancelled, leases handed back)."""
+    pool = _cache.pop((os.getpid(), "check_pool"), None)
+    if pool is not None:
+        pool.close()

@@ -11,7 +11,8 @@ from magpie.celery_app import app
 
 @app.task(name="magpie.promote", ignore_result=True)
 def promote() -> int:
-    """Beat-triggered: claim due routes (bounded by budget and MAGPIE_MAX_INFLIGHT), dispatch check tasks."""
+    """Beat-triggered: claim due routes (bounded by the check engines' free slots, the budget and
+    MAGPIE_MAX_INFLIGHT) and dispatch check messages."""
     from magpie.cycle import promote as run_promote
 
     s = runtime.settings()
@@ -20,37 +21,16 @@ def promote() -> int:
         check_routes.apply_async(args=[leases], queue="checks")
 
     return run_promote(runtime.route_queue(), dispatch, budget=s.promote_budget, max_inflight=s.max_inflight,
-                       pop_batch=s.pop_batch, routes_per_task=s.routes_per_task)
+                       pop_batch=s.pop_batch, routes_per_task=s.routes_per_task,
+                       capacity=runtime.capacity_registry().total())
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)
-def check_routes(leases: list[dict]) -> dict:
-    """Check the leased routes of one message; returns the batch report as a dict."""
-    from dataclasses import asdict
-
-    from magpie.backoff import Backoff
-    from magpie.cycle import run_check_batch
-    from magpie.metrics import check_outcomes, lease_lateness_ms, record_check_batch
+def check_routes(leases: list[dict]) -> int:
+    """Admit the leases of one message into this process's check pool; returns the count admitted."""
     from magpie.queue import Lease
-    from magpie.stats import stream
 
-    s = runtime.settings()
-    r = runtime.redis_client()
-    held = [Lease.from_dict(d) for d in leases]
-    lateness = lease_lateness_ms(held)
-    published: list[dict] = []
-
-    def publish(entries: list[dict]) -> None:
-        published.extend(entries)
-        stream.publish_with_settings(r, s, entries)
-
-    report = run_check_batch(
-        runtime.route_queue(), runtime.checker(), held, publish=publish,
-        renew_below_ms=s.renew_below_seconds * 1000,
-        backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
-    )
-    record_check_batch(r, s.redis_prefix, check_outcomes(report, published), report.stale_completions, lateness)
-    return asdict(report)
+    return runtime.check_pool().submit([Lease.from_dict(d) for d in leases])
 
 
 @app.task(name="magpie.ingest_stats", ignore_result=True)
@@ -72,11 +52,7 @@ def ingest_stats() -> int:
     return total
 
 
-# -- maintenance, statistics upkeep and metrics (issue 4) ----------------------------------------------
-from magpie.metrics import install_worker_exporter  # noqa: E402
-
-install_worker_exporter()  # serves /metrics from the worker's main process when MAGPIE_METRICS_PORT is set
-
+# -- maintenance, statistics upkeep and metrics ----------------------------------------------------------
 
 @app.task(name="magpie.maintenance.run", ignore_result=True)
 def maintenance_run(job: str) -> dict:
@@ -94,7 +70,7 @@ def maintenance_rebuild_schedule() -> dict:
     return rebuild_schedule(runtime.settings(), engine=runtime.engine(), queue=runtime.route_queue())
 
 
-# -- alerts, webhook delivery and the email outbox (issue 5) ---------------------------------------------
+# -- alerts, webhook delivery and the email outbox ------------------------------------------------------
 
 
 @app.task(name="magpie.alerts.evaluate", ignore_result=True)

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from magpie.checker import CONNECTION_ERRORS, PROXY_HEADERS, Checker, CheckResult, classify, proxy_url
-from magpie.checker.check import parse_echo
+from magpie.checker.result import parse_echo
 from magpie.checker.judge import make_judge_server
 from magpie.lab import start_free_lab
 from magpie.routes import Route

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import sqlalchemy as sa
@@ -129,6 +130,23 @@ def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):
     finally:
         lab.stop()
         get_settings.cache_clear()
+
+
+def test_one_shot_check_exits_nonzero_when_the_judge_is_unreachable(tmp_path):
+    from magpie.lab.lab import start_free_lab
+
+    lab = start_free_lab(slow_delay=0.5)
+    try:
+        f = tmp_path / "lab.txt"
+        lab.write_list(f)
+        with socket.socket() as held:  # bound, never listening: the judge's port refuses connections
+            held.bind(("127.0.0.1", 0))
+            judge = f"http://127.0.0.1:{held.getsockname()[1]}/"
+            res = CliRunner().invoke(main, ["check", str(f), "--judge", judge, "--timeout", "2", "--json"])
+    finally:
+        lab.stop()
+    assert res.exit_code == 1, res.output
+    assert "does not answer a direct request" in res.stderr and res.stdout == ""
 
 
 def test_queue_rebuild_after_redis_lost_the_schedule(cli, db, tmp_path, redis_client, redis_prefix):

@@ -1,33 +1,60 @@
-"""promote and the check batch against real Redis, with a stand-in checker (a unit seam, no network)."""
+"""promote and the check pool against real Redis, with a stand-in engine (a unit seam, no network).
+
+The stand-in engine's check sleeps for a per-route time (``port`` ms) and answers alive; the real engine
+against real proxies is covered by ``test_engine.py``, ``test_lab.py`` and the end-to-end tests.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
+from magpie.backoff import Backoff
 from magpie.checker import CheckResult
-from magpie.cycle import promote, run_check_batch
+from magpie.checkpool import CheckPool
+from magpie.cycle import promote
 from magpie.queue import Lease, Payload, QueueKeys, RouteQueue, is_lease_score
+from magpie.queue.capacity import CapacityRegistry
 from magpie.routes import Route
 
 
-class FakeChecker:
-    """Calls before_attempt like the real checker does, then answers alive."""
+class FakeEngine:
+    """Sleeps ``route.port`` ms per check (checks at once are unbounded), then answers alive or ``error``."""
 
-    def __init__(self, attempts=2, pause=0.0, on_check=None):
-        self.attempts, self.pause, self.on_check = attempts, pause, on_check
-        self.checked = []
+    judge_url = "http://judge.invalid/"
+    attempts = 1
 
-    def check(self, route, before_attempt=None):
-        for n in range(1, self.attempts + 1):
-            if before_attempt and not before_attempt(n):
-                return CheckResult(False, None, None, n - 1, "Aborted", None, None, "j", 0)
-            time.sleep(self.pause)
-        if self.on_check:
-            self.on_check(route)
-        self.checked.append(route)
-        return CheckResult(True, 12.5, 200, self.attempts, None, "{}", "elite", "j", int(time.time() * 1000))
+    def __init__(self, error=None, judge_up=True, max_check_seconds=5.0):
+        self.error, self.judge_up, self.max_check_seconds = error, judge_up, max_check_seconds
+        self.started, self.finished, self.cancelled = [], [], []
+        self.running = 0
+        self.peak = 0
+
+    async def check(self, route, before_attempt=None):
+        if before_attempt and not before_attempt(1):
+            return CheckResult(False, None, None, 0, "Aborted", None, None, self.judge_url, 0)
+        self.started.append(route.port)
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        try:
+            await asyncio.sleep(route.port / 1000)
+        except asyncio.CancelledError:
+            self.cancelled.append(route.port)
+            raise
+        finally:
+            self.running -= 1
+        self.finished.append((route.port, time.monotonic()))
+        if self.error:
+            return CheckResult(False, None, None, 1, self.error, None, None, self.judge_url, int(time.time() * 1000))
+        return CheckResult(True, 12.5, 200, 1, None, "{}", "elite", self.judge_url, int(time.time() * 1000))
+
+    async def judge_reachable(self, max_age=2.0):
+        return self.judge_up
 
 
 @pytest.fixture
@@ -35,21 +62,38 @@ def q(redis_client, redis_prefix):
     return RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
 
 
-def seed(q, n):
+def seed(q, sleeps_ms):
+    """One route per entry of ``sleeps_ms`` (its port is the stand-in check's sleep), all due long ago."""
     items = []
-    for i in range(n):
+    for i, ms in enumerate(sleeps_ms):
         h = f"{i:024x}"
-        items.append((h, Payload(i + 1, Route("socks5", "127.0.0.1", 2000 + i), h, [1]).encode()))
+        items.append((h, Payload(i + 1, Route("socks5", "127.0.0.1", ms), h, [1]).encode()))
     q.schedule(items)
     for h, _ in items:
         shard = q.keys.shard_of(h)
-        q.r.zadd(shard, {h: 1000})
+        q.r.zadd(shard, {h: 1000 + int(h, 16)})
         q.r.zadd(q.keys.heads, {shard: 1000})
     return items
 
 
+class Published(list):
+    """Collects published entries with the time each batch arrived."""
+
+    def __call__(self, entries):
+        t = time.monotonic()
+        self.extend((e, t) for e in entries)
+
+
+def make_pool(q, engine, publish, **kw):
+    kw.setdefault("capacity", 100)
+    kw.setdefault("renew_below_ms", 0)
+    kw.setdefault("complete_interval", 0.05)
+    return CheckPool(q, engine, publish, **kw).start()
+
+
+# -- promote -----------------------------------------------------------------------------------------------
 def test_promote_batches_leases_into_messages_and_respects_budget(q):
-    seed(q, 50)
+    seed(q, [1] * 50)
     messages = []
     n = promote(q, messages.append, budget=40, max_inflight=1000, pop_batch=16, routes_per_task=8)
     assert n == 40
@@ -59,79 +103,216 @@ def test_promote_batches_leases_into_messages_and_respects_budget(q):
     assert all(is_lease_score(le.lease_score) for le in leases)
 
 
+def test_promote_fills_messages_across_pop_calls(q):
+    seed(q, [1] * 50)
+    messages = []
+    assert promote(q, messages.append, budget=50, max_inflight=1000, pop_batch=16, routes_per_task=30) == 50
+    assert [len(m) for m in messages] == [30, 20]
+
+
 def test_promote_never_exceeds_max_inflight(q):
-    seed(q, 30)
+    seed(q, [1] * 30)
     sent = []
     assert promote(q, sent.append, budget=100, max_inflight=10) == 10
     assert promote(q, sent.append, budget=100, max_inflight=10) == 0
 
 
-def test_check_batch_completes_and_publishes(q):
-    seed(q, 5)
-    leases = q.pop(5)
-    published = []
-    rep = run_check_batch(q, FakeChecker(), leases, publish=published.extend, renew_below_ms=1000)
-    assert rep.completed == 5 and rep.published == 5
-    assert {e["route_id"] for e in published} == {"1", "2", "3", "4", "5"}
-    assert all(e["alive"] == "1" for e in published)
+def test_promote_claims_no_more_than_the_free_slots(q):
+    seed(q, [1] * 100)
+    sent = []
+    assert promote(q, sent.append, budget=1000, max_inflight=1000, capacity=0) == 0
+    assert promote(q, sent.append, budget=1000, max_inflight=1000, capacity=25) == 25
+    assert promote(q, sent.append, budget=1000, max_inflight=1000, capacity=25) == 0  # slots all taken
+    q.complete([Lease.from_dict(d) for d in sent[0][:5]])
+    assert promote(q, sent.append, budget=1000, max_inflight=1000, capacity=25) == 5  # five slots freed
+
+
+def test_two_promote_passes_at_once_never_claim_twice_the_slots(q):
+    seed(q, [1] * 400)
+    counts = []
+    barrier = threading.Barrier(2)
+
+    def one():
+        mine = RouteQueue(q.r, q.keys, interval_ms=60_000, lease_ms=60_000)
+        barrier.wait()
+        counts.append(promote(mine, lambda m: None, budget=1000, max_inflight=10_000, pop_batch=8,
+                              capacity=100))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sum(counts) == 100 and q.status()["totals"]["leased"] == 100
+
+
+def test_capacity_registry_counts_live_engines_only(redis_client, redis_prefix):
+    reg = CapacityRegistry(redis_client, QueueKeys(redis_prefix, 4))
+    assert reg.total() == 0
+    reg.announce("a", 10_000, 60_000)
+    reg.announce("b", 500, 100)
+    assert reg.total() == 10_500
+    time.sleep(0.25)  # b's announcement expired: its process stopped beating
+    assert reg.engines() == {"a": 10_000}
+    reg.withdraw("a")
+    assert reg.total() == 0
+
+
+# -- the check pool ----------------------------------------------------------------------------------------
+def test_pool_completes_and_publishes_every_lease(q):
+    seed(q, [5] * 20)
+    published = Published()
+    pool = make_pool(q, FakeEngine(), published)
+    try:
+        assert pool.submit(q.pop(20)) == 20
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert {e["route_id"] for e, _ in published} == {str(i) for i in range(1, 21)}
+    assert all(e["alive"] == "1" for e, _ in published)
+    assert pool.totals.completed == 20 and pool.totals.published == 20
     assert q.status()["totals"]["leased"] == 0
 
 
-def test_check_batch_drops_result_when_lease_was_lost(q):
-    seed(q, 1)
-    stale = q.pop(1, lease_ms=150)
-    current = []
+def test_fast_routes_complete_before_a_slow_batch_mate_finishes(q):
+    seed(q, [3000] + [10] * 20)  # one slow route (3 s) and twenty fast ones in one message
+    published = Published()
+    engine = FakeEngine()
+    pool = make_pool(q, engine, published)
+    try:
+        t0 = time.monotonic()
+        pool.submit(q.pop(21))
+        deadline = time.monotonic() + 2.5
+        while len(published) < 20 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        fast_done = time.monotonic() - t0
+        assert len(published) == 20, "fast routes waited for their slow batch-mate"
+        assert fast_done < 2.0 and engine.running == 1  # the slow one is still running
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert len(published) == 21
 
-    def takeover(_route):  # the check outlives its lease; another worker re-claims the route
-        time.sleep(0.25)
-        current.extend(q.pop(1))
 
-    published = []
-    rep = run_check_batch(q, FakeChecker(attempts=1, on_check=takeover), stale, publish=published.extend,
-                          renew_below_ms=0)
-    assert len(current) == 1 and current[0].stalled
-    assert rep.lease_lost == 1 and rep.completed == 0 and published == []
-    assert q.score(current[0].member) == current[0].lease_score
+def test_pool_runs_at_most_capacity_checks_at_once(q):
+    seed(q, [50] * 40)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(), capacity=7)
+    try:
+        pool.submit(q.pop(40))
+        assert pool.wait_idle(20)
+    finally:
+        pool.close()
+    assert engine.peak == 7 and pool.peak_running == 7 and pool.totals.completed == 40
 
 
-def test_check_renews_between_attempts_when_little_time_remains(q):
-    seed(q, 1)
-    le = q.pop(1, lease_ms=2000)[0]
+def test_submit_blocks_while_a_full_set_already_waits(q):
+    seed(q, [300] * 12)
+    pool = make_pool(q, FakeEngine(), Published(), capacity=4)
+    try:
+        leases = q.pop(12)
+        assert pool.submit(leases[:8]) == 8  # 4 running, 4 pending: a full set waits
+        t0 = time.monotonic()
+        assert pool.submit(leases[8:]) == 4  # admitted only once the first four finished
+        assert time.monotonic() - t0 >= 0.2
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+
+
+def test_lost_lease_cancels_the_attempt_in_flight(q):
+    seed(q, [30_000])
+    le = q.pop(1, lease_ms=60_000)[0]
+    engine = FakeEngine()
+    published = Published()
+    pool = make_pool(q, engine, published, renew_below_ms=59_000)  # renewed at the first renewal tick
+    try:
+        pool.submit([le])
+        time.sleep(0.2)
+        assert engine.running == 1
+        q.r.zadd(q.keys.shard_of(le.member), {le.member: 5_000_000_000_000.5})  # another holder's lease
+        t0 = time.monotonic()
+        assert pool.wait_idle(5)
+        assert time.monotonic() - t0 < 3  # cancelled within a renewal tick, not after the 30 s check
+    finally:
+        pool.close()
+    assert engine.cancelled == [30_000] and published == []
+    assert pool.totals.aborted == 1 and pool.totals.completed == 0
+    assert le.cancelled
+
+
+def test_renewal_extends_leases_of_running_checks(q):
+    seed(q, [1500])
+    le = q.pop(1, lease_ms=60_000)[0]
     first = le.lease_score
-    rep = run_check_batch(q, FakeChecker(attempts=2), [le], publish=lambda e: None, renew_below_ms=60_000)
-    assert rep.completed == 1
-    assert le.lease_score != first  # renewed before attempts
+    pool = make_pool(q, FakeEngine(), Published(), renew_below_ms=59_500)
+    try:
+        pool.submit([le])
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert le.lease_score != first and pool.totals.completed == 1
 
 
-def test_lost_lease_cancels_check_at_next_attempt(q):
-    seed(q, 1)
-    le = q.pop(1, lease_ms=50)[0]
+def test_stale_completion_drops_the_result(q):
+    seed(q, [300])
+    le = q.pop(1, lease_ms=60_000)[0]
+    published = Published()
+    pool = make_pool(q, FakeEngine(), published)
+    try:
+        pool.submit([le])
+        time.sleep(0.1)
+        # the lease moves on under the running check (e.g. an operator re-leased it); no renewal runs
+        q.r.zadd(q.keys.shard_of(le.member), {le.member: 5_000_000_000_000.5})
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert published == [] and pool.totals.stale_completions == 1 and pool.totals.lease_lost == 1
+
+
+def test_lease_too_late_to_start_is_handed_back_without_a_stall(q):
+    seed(q, [10])
+    before = q.r.zscore(q.keys.shard_of("0" * 24), "0" * 24)
+    le = q.pop(1, lease_ms=2_000)[0]  # less lease left than one check may take (max_check_seconds=5)
+    pool = make_pool(q, FakeEngine(), Published())
+    try:
+        pool.submit([le])
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert pool.totals.handed_back == 1 and pool.totals.completed == 0
+    info = q.inspect(le.member)
+    assert info["state"] == "due" and info["stalls"] == 0
+    assert float(info["score"]) == before  # back at its old due time, claimable at once
+    again = q.pop(1)
+    assert len(again) == 1 and not again[0].stalled
+
+
+def test_closing_hands_back_running_and_pending_leases(q):
+    seed(q, [30_000] * 6)
+    pool = make_pool(q, FakeEngine(), Published(), capacity=3)
+    leases = q.pop(6)
+    pool.submit(leases)
     time.sleep(0.1)
-    q.pop(1)  # taken over
-    checker = FakeChecker(attempts=3)
-    rep = run_check_batch(q, checker, [le], publish=lambda e: None, renew_below_ms=60_000)
-    assert rep.aborted == 1 and checker.checked == []
-
-
-class DownJudgeChecker(FakeChecker):
-    """Every check fails and the judge is unreachable directly: an infrastructure failure."""
-
-    def check(self, route, before_attempt=None):
-        return CheckResult(False, None, None, 1, "ConnectionError", None, None, "j", 0)
-
-    def learn_own_address(self, refresh=False):
-        return None
+    pool.close()
+    assert pool.totals.handed_back == 6
+    assert q.status()["totals"]["leased"] == 0
+    assert len(q.pop(10)) == 6  # all claimable again, none as a stall
+    assert all(not int(q.r.hget(q.keys.stalls, le.member) or 0) for le in leases)
 
 
 def test_infrastructure_failure_retries_on_backoff_not_full_interval(q):
-    from magpie.backoff import Backoff
-
-    seed(q, 2)
+    seed(q, [5, 5])
     leases = q.pop(2)
-    published = []
-    rep = run_check_batch(q, DownJudgeChecker(), leases, publish=published.extend, renew_below_ms=0,
-                          backoff=Backoff("fixed", 2_000, 2_000))
-    assert rep.retried == 2 and rep.completed == 0 and published == []
+    published = Published()
+    pool = make_pool(q, FakeEngine(error="ConnectionError", judge_up=False), published,
+                     backoff=Backoff("fixed", 2_000, 2_000))
+    try:
+        pool.submit(leases)
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert pool.totals.retried == 2 and pool.totals.completed == 0 and published == []
     now = q.server_time_ms()
     for le in leases:
         info = q.inspect(le.member)
@@ -140,23 +321,48 @@ def test_infrastructure_failure_retries_on_backoff_not_full_interval(q):
 
 
 def test_dead_route_with_judge_up_completes_normally(q):
-    class DeadRoute(FakeChecker):
-        def check(self, route, before_attempt=None):
-            return CheckResult(False, None, None, 2, "ProxyError", None, None, "j", 1)
+    seed(q, [5])
+    published = Published()
+    pool = make_pool(q, FakeEngine(error="ProxyError"), published)
+    try:
+        pool.submit(q.pop(1))
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert pool.totals.completed == 1 and published[0][0]["alive"] == "0"
 
-        def learn_own_address(self, refresh=False):
-            return {"127.0.0.1"}
 
-    seed(q, 1)
-    published = []
-    rep = run_check_batch(q, DeadRoute(), q.pop(1), publish=published.extend, renew_below_ms=0)
-    assert rep.completed == 1 and published[0]["alive"] == "0"
+def test_malformed_payload_is_left_to_expire(q):
+    seed(q, [5])
+    le = q.pop(1)[0]
+    le.payload = "{not json"
+    pool = make_pool(q, FakeEngine(), Published())
+    try:
+        pool.submit([le])
+        assert pool.wait_idle(5)
+    finally:
+        pool.close()
+    assert pool.totals.malformed == 1 and q.inspect(le.member)["state"] == "leased"
+
+
+def test_fd_limit_below_the_configured_concurrency_is_reported_and_respected():
+    code = (
+        "import logging, resource, sys\n"
+        "logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format='%(message)s')\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 600))\n"
+        "from magpie.checker.engine import checks_within_fd_limit\n"
+        "print('cap', checks_within_fd_limit(10000))\n"
+        "print('soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+        "print('small', checks_within_fd_limit(100))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "cap 344" in out  # raised to the hard limit (600) less the reserve of 256
+    assert "soft 600" in out and "small 100" in out
+    assert "MAGPIE_CHECKS_PER_PROCESS=10000 exceeds the file-descriptor limit (soft 600, hard 600)" in out
 
 
 def test_runtime_resources_build_in_any_order(monkeypatch, settings):
     """route_queue() builds redis_client() inside its own factory: the cache lock must be re-entrant."""
-    import threading
-
     from magpie import runtime
 
     monkeypatch.setattr(runtime, "_cache", {})

@@ -104,10 +104,10 @@ def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg
     lab = start_free_lab(slow_delay=2.0)
     try:
         env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="2", MAGPIE_CHECK_TIMEOUT="3",
-                         MAGPIE_LEASE_SECONDS="4", MAGPIE_RENEW_BELOW_SECONDS="0")
+                         MAGPIE_CHECK_ATTEMPTS="1", MAGPIE_LEASE_SECONDS="5", MAGPIE_RENEW_BELOW_SECONDS="0")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)
-        s2 = settings.model_copy(update={"check_interval": 2.0, "lease_seconds": 4.0})
+        s2 = settings.model_copy(update={"check_interval": 2.0, "lease_seconds": 5.0, "check_attempts": 1})
         import_file(lst, "crash", s2)
         q = RouteQueue.from_settings(s2)
         log = open(tmp_path / "celery.log", "w")

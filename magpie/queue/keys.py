@@ -107,6 +107,16 @@ class QueueKeys:
         """The shard count this schedule was created with (``PROXY_QUEUE_SHARDS`` must keep matching it)."""
         return self.base + "proxy_layout"
 
+    @property
+    def checkers(self) -> str:
+        """Set of check-engine instance ids that announced capacity (see :mod:`magpie.queue.capacity`)."""
+        return self.base + "checkers"
+
+    @property
+    def checker_prefix(self) -> str:
+        """``checker_prefix + id`` holds one engine's slot count, expiring unless its heartbeat renews it."""
+        return self.base + "checker:"
+
     def core(self) -> list[str]:
         """The eight keys every script receives first, in ``lua/lib.lua`` order."""
         return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,

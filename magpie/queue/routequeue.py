@@ -219,6 +219,45 @@ class RouteQueue:
         lease.lease_score = _s(self._fenced(lease, res))
         return lease
 
+    def renew_many(self, leases: Sequence[Lease], lease_ms: int | None = None) -> list[int]:
+        """Extend many leases in one round trip (``renew.lua`` per lease, pipelined).
+
+        Returns one code per lease: 1 renewed (its ``lease_score`` updated), -1 lease lost, -2 gone;
+        refused leases get their cancellation token fired.
+        """
+        if not leases:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        ms = int(lease_ms or self.lease_ms)
+        for le in leases:
+            self._one(self.scripts.renew, le.shard, [self._now(), le.member, le.lease_score, ms], client=pipe)
+        out = []
+        for le, res in zip(leases, pipe.execute(raise_on_error=False)):
+            if isinstance(res, int) and res < 0:
+                le.cancel()
+                out.append(res)
+            elif isinstance(res, Exception):
+                out.append(LEASE_LOST)
+                le.cancel()
+            else:
+                le.lease_score = _s(res)
+                out.append(COMPLETED)
+        return out
+
+    def release(self, leases: Sequence[Lease]) -> list[int]:
+        """Hand leases back unchecked (``release.lua``): each route is claimable again at once, with its
+        previous due time, and no stall is counted. Returns one code per lease: 1 released, -1 lease
+        lost, -2 gone."""
+        if not leases:
+            return []
+        args: list = [self._now()]
+        for le in leases:
+            args += [le.member, le.lease_score, le.previous_score]
+        codes = [int(x) for x in self.scripts.release(keys=self._core + [le.shard for le in leases], args=args)]
+        for le in leases:
+            le.cancel()
+        return codes
+
     def complete(self, leases: Sequence[Lease], interval_ms: int | None = None) -> list[int]:
         """Finish the cycles of ``leases`` in one script call (``complete.lua``); writes no payload.
 

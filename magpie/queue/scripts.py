@@ -13,7 +13,7 @@ import redis
 LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
 NAMES = (
     "pop", "renew", "complete", "complete_payload", "retry", "remove", "progress", "log", "schedule",
-    "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate",
+    "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate", "release",
 )
 
 

@@ -1,0 +1,421 @@
+"""The asyncio check engine: many thousands of proxy checks in flight on one event loop.
+
+Real proxy lists are mostly dead, and a dead proxy costs a whole timeout, so a check holds nothing but one
+socket and one coroutine while it waits. One check is a GET of the judge through the route:
+
+- ``http``/``https`` routes (plain-HTTP proxies): an absolute-URI ``GET`` for an http judge, ``CONNECT``
+  plus TLS for an https judge;
+- ``socks4`` (the judge's address resolved once by the engine, not per check), ``socks5`` with
+  username/password and remote DNS.
+
+The proxy handshakes (CONNECT, SOCKS4, SOCKS5) come from python-socks; the judge's HTTP response is parsed
+by httptools (llhttp). No DNS lookup is made for an IP-literal proxy host.
+
+Deadlines: every attempt has a connect timeout (``connect_timeout``: TCP connect and the proxy handshake)
+and a hard total deadline (``timeout``) over the whole attempt, so a proxy that trickles bytes is cut at
+the deadline. A check therefore never outlives :attr:`CheckEngine.max_check_seconds`. A refused
+connection is final: no further attempt is made in that check. Cancelling the coroutine (a lost lease)
+stops the attempt in flight at once.
+
+Error classes are those of :mod:`magpie.checker.check`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import ipaddress
+import logging
+import resource
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import httptools
+from python_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError, ProxyType
+from python_socks.async_.asyncio.v2 import Proxy
+
+from magpie.checker.anonymity import classify, normalize_ip
+from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
+from magpie.routes import Route
+
+log = logging.getLogger(__name__)
+
+CHECK_SLACK_SECONDS = 1.0
+"""Slack added to ``attempts x timeout`` in :attr:`CheckEngine.max_check_seconds`."""
+
+_RELEARN_AFTER_S = 30.0  # back-off before retrying to learn the own address after a failure
+_JUDGE_RESOLVE_TTL_S = 300.0  # a judge host name is re-resolved this often (socks4 needs an address)
+_FD_RESERVE = 256  # descriptors kept free for Redis, the broker, logs and the interpreter
+
+
+def raise_nofile_limit() -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit.
+
+    Returns ``(soft, hard)`` after the change (the old soft limit when raising is not allowed).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+    if want > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    return soft, hard
+
+
+def checks_within_fd_limit(wanted: int, *, reserve: int = _FD_RESERVE, setting: str = "MAGPIE_CHECKS_PER_PROCESS"
+                           ) -> int:
+    """Concurrent checks this process can run: ``wanted`` capped below the descriptor limit.
+
+    Raises the soft ``RLIMIT_NOFILE`` toward the hard limit first (one check holds one socket). When the
+    limit is still too low, logs one warning naming ``setting`` and the limits, and returns the cap
+    (at least 1). Args: ``wanted`` >= 1 checks; ``reserve`` descriptors kept for everything else.
+    """
+    soft, hard = raise_nofile_limit()
+    cap = max(1, soft - reserve)
+    if wanted > cap:
+        log.warning("%s=%d exceeds the file-descriptor limit (soft %d, hard %d); running at most %d checks "
+                    "at once in this process", setting, wanted, soft, hard, cap)
+        return cap
+    return wanted
+
+
+@dataclass(slots=True)
+class _Attempt:
+    ok: bool
+    status: int | None = None
+    error: str | None = None
+    raw: bytes | None = None
+    echo: dict | None = None
+    latency_ms: float | None = None
+    final: bool = False  # no further attempt in this check (refused connection)
+
+
+class _Response:
+    """httptools callbacks collecting one response (status from the parser, body up to ``limit``)."""
+
+    __slots__ = ("headers_done", "complete", "body", "limit", "length")
+
+    def __init__(self, limit: int):
+        self.headers_done = False
+        self.complete = False
+        self.body = bytearray()
+        self.limit = limit
+        self.length: int | None = None
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-length":
+            try:
+                self.length = int(value)
+            except ValueError:
+                pass
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        if len(self.body) < self.limit:
+            self.body += body
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class _NoAnswer(Exception):
+    """The connection closed before a complete response head arrived."""
+
+
+_SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def _basic(route: Route) -> str:
+    raw = f"{route.username or ''}:{route.password or ''}".encode()
+    return "Basic " + base64.b64encode(raw).decode()
+
+
+class CheckEngine:
+    """Checks routes against one judge on the running asyncio event loop.
+
+    Args:
+        judge_url: the judge to GET (``http://`` or ``https://``).
+        timeout: hard deadline in seconds over one whole attempt (connect, handshake, request, response).
+        attempts: at most this many attempts per check (>= 1).
+        body_cap: bytes of the judge's body kept in a result (>= 0).
+        connect_timeout: seconds for the TCP connect plus the proxy handshake (default: ``timeout``);
+            never more than ``timeout``.
+        own_addresses: known own addresses, skipping :meth:`learn_own_address`.
+        ssl_context: TLS context for an https judge (default: the system trust store).
+
+    Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap, or a judge URL that
+    is not http(s) with a host. An instance belongs to one event loop once it has run a check.
+    """
+
+    def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
+                 connect_timeout: float | None = None, own_addresses: Iterable[str] | None = None,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        if not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts!r}")
+        if body_cap < 0:
+            raise ValueError(f"body_cap must be >= 0, got {body_cap!r}")
+        if connect_timeout is not None and not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
+        u = urlsplit(judge_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"judge URL must be http(s)://host[:port]/path, got {judge_url!r}")
+        self.judge_url = judge_url
+        self.timeout = float(timeout)
+        self.connect_timeout = min(float(connect_timeout or timeout), self.timeout)
+        self.attempts = int(attempts)
+        self.body_cap = int(body_cap)
+        self._tls = u.scheme == "https"
+        self._judge_host = u.hostname
+        self._judge_port = u.port or (443 if self._tls else 80)
+        self._ssl = (ssl_context or ssl.create_default_context()) if self._tls else None
+        host_hdr = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+        if u.port:
+            host_hdr += f":{u.port}"
+        path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        common = f"Host: {host_hdr}\r\nUser-Agent: {USER_AGENT}\r\nAccept: application/json, */*\r\nConnection: close\r\n"
+        self._origin_request = f"GET {path} HTTP/1.1\r\n{common}\r\n".encode()
+        self._absolute_head = f"GET {u.scheme}://{host_hdr}{path} HTTP/1.1\r\n{common}"
+        self._absolute_request = (self._absolute_head + "\r\n").encode()
+        self._limit = max(self.body_cap, MAX_ECHO_BYTES) + 1
+        self._own: frozenset[str] | None = frozenset(own_addresses) if own_addresses else None
+        self._learn_failed_at: float | None = None
+        self._learning: asyncio.Future | None = None
+        self._judge_ip: str | None = self._judge_host if _is_ip(self._judge_host) else None
+        self._judge_ip_at = 0.0
+        self._probe: asyncio.Future | None = None
+        self._probe_at = 0.0
+        self._probe_ok = True
+
+    @classmethod
+    def from_settings(cls, settings) -> CheckEngine:
+        """An engine configured from :class:`magpie.config.Settings` (judge URL, timeouts, attempts, body cap)."""
+        return cls(settings.judge_url, settings.check_timeout, settings.check_attempts, settings.body_cap,
+                   connect_timeout=settings.connect_timeout)
+
+    @property
+    def max_check_seconds(self) -> float:
+        """Upper bound in seconds on one check: ``attempts x timeout`` plus :data:`CHECK_SLACK_SECONDS`."""
+        return self.attempts * self.timeout + CHECK_SLACK_SECONDS
+
+    @property
+    def own_addresses(self) -> frozenset[str] | None:
+        """The cached own addresses, or None when not learned yet."""
+        return self._own
+
+    # -- one attempt --------------------------------------------------------------------------------
+    async def _judge_address(self) -> str:
+        """The judge's IP address (SOCKS4 cannot carry a name); resolved at most every 5 minutes."""
+        if self._judge_ip is not None and (self._judge_ip == self._judge_host
+                                           or time.monotonic() - self._judge_ip_at < _JUDGE_RESOLVE_TTL_S):
+            return self._judge_ip
+        infos = await asyncio.get_running_loop().getaddrinfo(self._judge_host, self._judge_port,
+                                                             type=socket.SOCK_STREAM)
+        self._judge_ip = infos[0][4][0]
+        self._judge_ip_at = time.monotonic()
+        return self._judge_ip
+
+    async def _open(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Connect through ``route`` to the judge; returns the stream and the request to send."""
+        if route.protocol in ("http", "https"):
+            if not self._tls:
+                reader, writer = await asyncio.open_connection(route.host, route.port)
+                if route.username is None:
+                    return reader, writer, self._absolute_request
+                req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
+                return reader, writer, req
+            proxy = Proxy(ProxyType.HTTP, route.host, route.port, route.username, route.password)
+            stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
+            return stream.reader, stream.writer, self._origin_request
+        kind = _SOCKS_TYPES[route.protocol]
+        if kind is ProxyType.SOCKS4:
+            dest = await self._judge_address()
+            proxy = Proxy(kind, route.host, route.port, route.username, None, rdns=False)
+        else:
+            dest = self._judge_host
+            proxy = Proxy(kind, route.host, route.port, route.username, route.password, rdns=True)
+        stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
+        return stream.reader, stream.writer, self._origin_request
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes,
+                        started: float) -> _Attempt:
+        writer.write(request)
+        resp = _Response(self._limit)
+        parser = httptools.HttpResponseParser(resp)
+        while not resp.complete and len(resp.body) < self._limit:
+            data = await reader.read(65536)
+            if not data:
+                break
+            try:
+                parser.feed_data(data)
+            except httptools.HttpParserError:
+                return _Attempt(ok=False, error="ConnectionError")
+        if not resp.headers_done:
+            raise _NoAnswer()
+        status = parser.get_status_code()
+        raw = bytes(resp.body)
+        if not resp.complete and len(raw) < self._limit and resp.length is not None:
+            return _Attempt(ok=False, status=status, error="ConnectionError", raw=raw)  # cut mid-body
+        elapsed_ms = round((time.perf_counter() - started) * 1000.0, 3)
+        if status != 200:
+            return _Attempt(ok=False, status=status, error="BadStatus", raw=raw)
+        echo = parse_echo(raw)
+        if echo is None:
+            return _Attempt(ok=False, status=200, error="BadEcho", raw=raw)
+        return _Attempt(ok=True, status=200, raw=raw, echo=echo, latency_ms=elapsed_ms)
+
+    async def _attempt(self, route: Route) -> _Attempt:
+        """One attempt under the connect timeout and the total deadline; never raises for network trouble."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        t0 = loop.time()
+        connecting = True
+        writer = None
+        socks = route.protocol in _SOCKS_TYPES
+        try:
+            async with asyncio.timeout_at(t0 + self.connect_timeout) as window:
+                reader, writer, request = await self._open(route)
+                connecting = False
+                window.reschedule(t0 + self.timeout)
+                return await self._exchange(reader, writer, request, started)
+        except TimeoutError:
+            return _Attempt(ok=False, error="ConnectTimeout" if connecting else "ReadTimeout")
+        except ssl.SSLError:
+            return _Attempt(ok=False, error="SSLError")
+        except ProxyTimeoutError:
+            return _Attempt(ok=False, error="ConnectTimeout")
+        except ProxyConnectionError as exc:
+            refused = getattr(exc, "errno", None) == errno.ECONNREFUSED or "refused" in str(exc).lower()
+            return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=refused)
+        except ProxyError:
+            return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
+        except ConnectionRefusedError:
+            return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=True)
+        except (_NoAnswer, asyncio.IncompleteReadError, EOFError, OSError):
+            if connecting:  # the proxy hung up during its handshake (e.g. refused credentials)
+                return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
+            return _Attempt(ok=False, error="ConnectionError")
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+
+    # -- the check ----------------------------------------------------------------------------------
+    def _body(self, raw: bytes | None) -> str | None:
+        if raw is None:
+            return None
+        return raw[: self.body_cap].decode("utf-8", "replace")
+
+    async def check(self, route: Route, before_attempt: Callable[[int], bool] | None = None) -> CheckResult:
+        """Check ``route`` against the judge; at most :attr:`max_check_seconds`.
+
+        Args:
+            route: the proxy to go through.
+            before_attempt: called as ``before_attempt(n)`` before attempt ``n`` (1-based); returning False
+                stops the check with error ``"Aborted"``.
+        Returns a :class:`CheckResult`; network failures never raise. Cancelling the calling task stops
+        the attempt in flight (``CancelledError`` propagates). The own address, when not known yet, is
+        learned on the first successful attempt (one direct GET; retried at most every 30 s).
+        """
+        if route.protocol not in ("http", "https", "socks4", "socks5"):
+            return CheckResult(False, None, None, 0, "UnsupportedProtocol", None, None, self.judge_url, now_ms())
+        last: _Attempt | None = None
+        made = 0
+        for n in range(1, self.attempts + 1):
+            if before_attempt is not None and not before_attempt(n):
+                return CheckResult(False, None, last.status if last else None, made, "Aborted",
+                                   self._body(last.raw) if last else None, None, self.judge_url, now_ms())
+            made += 1
+            last = await self._attempt(route)
+            if last.ok or last.final:
+                break
+        assert last is not None
+        anonymity = None
+        if last.ok and last.echo is not None:
+            own = await self._own_for_grading()
+            anonymity = classify(last.echo, own) if own else None
+        return CheckResult(
+            alive=last.ok, latency_ms=last.latency_ms if last.ok else None, status=last.status, attempts=made,
+            error=None if last.ok else last.error, body=self._body(last.raw), anonymity=anonymity,
+            judge=self.judge_url, checked_at_ms=now_ms())
+
+    # -- the judge itself ---------------------------------------------------------------------------
+    async def _direct(self) -> tuple[_Attempt, str | None]:
+        """One direct GET of the judge; returns the attempt and the local address used."""
+        started = time.perf_counter()
+        writer = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                reader, writer = await asyncio.open_connection(
+                    self._judge_host, self._judge_port, ssl=self._ssl,
+                    server_hostname=self._judge_host if self._tls else None)
+                sockname = writer.get_extra_info("sockname")
+                local = normalize_ip(sockname[0]) if sockname else None
+                return await self._exchange(reader, writer, self._origin_request, started), local
+        except (TimeoutError, OSError, _NoAnswer, asyncio.IncompleteReadError, EOFError):
+            return _Attempt(ok=False, error="ConnectionError"), None
+        finally:
+            if writer is not None:
+                writer.transport.abort()
+
+    async def learn_own_address(self, refresh: bool = False) -> set[str] | None:
+        """Learn (and cache) the addresses the judge sees for this host when reached without a proxy.
+
+        One direct GET of the judge (concurrent callers share it). The result holds the echoed
+        ``remote_addr`` plus the local source address towards the judge (they differ behind NAT),
+        normalized. Returns None when the judge is unreachable or its answer is not an echo.
+        """
+        if not refresh and self._own is not None:
+            return set(self._own)
+        if self._learning is None or self._learning.done():
+            self._learning = asyncio.ensure_future(self._learn())
+        return await asyncio.shield(self._learning)
+
+    async def _learn(self) -> set[str] | None:
+        att, local = await self._direct()
+        self._probe_at, self._probe_ok = time.monotonic(), att.ok
+        if not att.ok or att.echo is None:
+            self._learn_failed_at = time.monotonic()
+            return None
+        own = {normalize_ip(att.echo["remote_addr"]) or att.echo["remote_addr"].strip()}
+        if local:
+            own.add(local)
+        self._own = frozenset(own)
+        self._learn_failed_at = None
+        return set(own)
+
+    async def _own_for_grading(self) -> frozenset[str] | None:
+        if self._own is not None:
+            return self._own
+        failed = self._learn_failed_at
+        if failed is not None and time.monotonic() - failed < _RELEARN_AFTER_S:
+            return None
+        learned = await self.learn_own_address()
+        return frozenset(learned) if learned else None
+
+    async def judge_reachable(self, max_age: float = 2.0) -> bool:
+        """Whether the judge answers a direct GET with an echo; one probe per ``max_age`` seconds at most,
+        shared by concurrent callers. A route is not blamed for a failure while this is False."""
+        if time.monotonic() - self._probe_at < max_age:
+            return self._probe_ok
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.ensure_future(self.learn_own_address(refresh=True))
+        return await asyncio.shield(self._probe) is not None
+

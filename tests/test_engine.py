@@ -1,0 +1,162 @@
+"""The asyncio check engine against real fault servers on loopback: deadlines hold, nothing blocks anything.
+
+The fault lab (``magpie.lab.faults``) serves a tarpit (accepts, never answers), a trickle proxy (one header
+byte a second), a slow proxy, a cheap echo proxy and a refused port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from magpie.checker import CheckEngine, Checker
+from magpie.lab.faults import FaultLab
+from magpie.routes import Route
+
+
+@pytest.fixture(scope="module")
+def faults():
+    with FaultLab(slow_delay=1.0) as lab:
+        yield lab
+
+
+def route(faults, kind, protocol="http", user=None):
+    host, port = faults.hostport(kind)
+    return Route(protocol, host, port, user, "x" if user else None)
+
+
+def judge_of(faults):
+    return f"http://{faults.judge_host}:{faults.judge_port}/"
+
+
+def engine(faults, **kw):
+    kw.setdefault("own_addresses", {"127.0.0.1"})
+    return CheckEngine(judge_of(faults), **kw)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_trickle_proxy_is_cut_at_the_attempt_deadline(faults):
+    # each read gets a byte within a second, so only a deadline over the whole attempt can stop it
+    eng = engine(faults, timeout=2.0, attempts=1)
+    t0 = time.monotonic()
+    res = run(eng.check(route(faults, "trickle")))
+    took = time.monotonic() - t0
+    assert (res.alive, res.error, res.attempts) == (False, "ReadTimeout", 1)
+    assert 1.9 <= took < 3.0, took
+
+
+def test_a_check_never_outlives_attempts_times_deadline(faults):
+    eng = engine(faults, timeout=0.5, attempts=3)
+    t0 = time.monotonic()
+    res = run(eng.check(route(faults, "trickle")))
+    assert res.attempts == 3 and res.error == "ReadTimeout"
+    assert time.monotonic() - t0 < eng.max_check_seconds
+
+
+def test_tarpit_is_a_read_timeout_for_http_and_a_connect_timeout_for_socks5(faults):
+    eng = engine(faults, timeout=0.6, attempts=1, connect_timeout=0.3)
+
+    async def both():
+        return await asyncio.gather(eng.check(route(faults, "tarpit")),
+                                    eng.check(route(faults, "tarpit", "socks5")))
+
+    http, socks = run(both())
+    assert (http.alive, http.error) == (False, "ReadTimeout")
+    assert (socks.alive, socks.error) == (False, "ConnectTimeout")  # the SOCKS handshake never finished
+
+
+def test_refused_connection_is_final_within_the_cycle(faults):
+    eng = engine(faults, timeout=2.0, attempts=3)
+    for protocol, error in (("http", "ProxyError"), ("socks5", "SOCKSError"), ("socks4", "SOCKSError")):
+        res = run(eng.check(route(faults, "refused", protocol)))
+        assert (res.alive, res.error, res.attempts) == (False, error, 1), protocol
+
+
+def test_echo_proxy_is_alive_and_graded_through_http_and_socks5(faults):
+    eng = engine(faults, timeout=2.0, attempts=1)
+    for protocol in ("http", "socks5"):
+        res = run(eng.check(route(faults, "echo", protocol, user="u1")))
+        assert (res.alive, res.status, res.error, res.anonymity) == (True, 200, None, "elite"), protocol
+        assert res.latency_ms is not None and res.latency_ms > 0
+
+
+def test_one_trickle_route_does_not_hold_back_healthy_ones(faults):
+    eng = engine(faults, timeout=3.0, attempts=1)
+    done: dict[str, float] = {}
+
+    async def go():
+        t0 = time.monotonic()
+
+        async def one(name, r):
+            res = await eng.check(r)
+            done[name] = time.monotonic() - t0
+            return res
+
+        jobs = [one("trickle", route(faults, "trickle"))]
+        jobs += [one(f"echo{i}", route(faults, "echo", user=f"u{i}")) for i in range(200)]
+        return await asyncio.gather(*jobs)
+
+    results = run(go())
+    assert sum(r.alive for r in results) == 200
+    assert max(v for k, v in done.items() if k != "trickle") < 2.0  # all healthy ones finished long before
+    assert done["trickle"] >= 2.9
+
+
+def test_thousands_of_tarpit_checks_are_in_flight_at_once(faults):
+    eng = engine(faults, timeout=2.0, attempts=1)
+    n = 2000
+    before = len(faults.conns)
+
+    async def go():
+        t0 = time.monotonic()
+        tasks = [asyncio.ensure_future(eng.check(route(faults, "tarpit", user=f"u{i}"))) for i in range(n)]
+        await asyncio.sleep(1.0)
+        held = len(faults.conns) - before
+        results = await asyncio.gather(*tasks)
+        return held, results, time.monotonic() - t0
+
+    held, results, took = run(go())
+    assert held >= 0.95 * n, held  # every check holds its socket at the same time
+    assert all(r.error == "ReadTimeout" for r in results)
+    assert took < 4.0, took  # one deadline for all of them, not n deadlines
+
+
+def test_cancelling_a_check_stops_the_attempt_in_flight(faults):
+    eng = engine(faults, timeout=30.0, attempts=1)
+
+    async def go():
+        task = asyncio.ensure_future(eng.check(route(faults, "tarpit")))
+        await asyncio.sleep(0.3)
+        t0 = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return time.monotonic() - t0
+
+    assert run(go()) < 0.5
+
+
+def test_judge_reachable_is_false_for_a_refused_judge_and_shared_by_callers(faults):
+    host, port = faults.hostport("refused")
+    eng = CheckEngine(f"http://{host}:{port}/", timeout=1.0, attempts=1)
+
+    async def go():
+        return await asyncio.gather(*(eng.judge_reachable() for _ in range(50)))
+
+    assert run(go()) == [False] * 50
+
+
+def test_sync_checker_checks_many_in_order(faults):
+    c = Checker(judge_of(faults), timeout=1.0, attempts=1, own_addresses={"127.0.0.1"})
+    try:
+        kinds = ["echo", "refused", "echo", "tarpit"]
+        res = c.check_many([route(faults, k, user=f"u{i}") for i, k in enumerate(kinds)], concurrency=10)
+    finally:
+        c.close()
+    assert [r.alive for r in res] == [True, False, True, False]
+    assert [r.error for r in res] == [None, "ProxyError", None, "ReadTimeout"]
