@@ -113,6 +113,22 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
                 )
             return "no routes to schedule"
 
+        def scripts_probe() -> str:
+            from magpie.queue.scripts import NAMES, script_text
+
+            for name in NAMES:
+                r.script_load(script_text(name))
+            return f"{len(NAMES)} scripts loaded"
+
+        def engines_probe() -> str:
+            from magpie.queue import QueueKeys
+            from magpie.queue.capacity import CapacityRegistry
+
+            live = CapacityRegistry(r, QueueKeys(settings.redis_prefix, settings.queue_shards)).engines()
+            if not live:
+                return "no check engine announced (promote claims nothing until a check worker runs)"
+            return f"{len(live)} check engine(s), {sum(live.values())} slots"
+
         checks["redis"] = _probe(redis_probe)
         checks["postgres"] = _probe(pg_probe)
         checks["broker"] = _probe(broker_probe)
@@ -121,6 +137,9 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
             if checks["postgres"]["ok"]
             else {"ok": False, "detail": "PostgreSQL unreachable", "ms": 0.0}
         )
+        if checks["redis"]["ok"]:
+            checks["scripts"] = _probe(scripts_probe)
+            checks["engines"] = _probe(engines_probe)
         if checks["redis"]["ok"] and checks["postgres"]["ok"]:
             checks["queue"] = _probe(queue_probe)
         else:

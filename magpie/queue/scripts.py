@@ -6,11 +6,21 @@ own file, so every transition stays one atomic script.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import redis
 
-LUA_DIR = Path(__file__).resolve().parents[2] / "lua"
+
+def _lua_dir():
+    """The scripts' folder: the installed ``magpie.lua`` package, or ``lua/`` of a source tree on sys.path."""
+    try:
+        return resources.files("magpie.lua")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parents[2] / "lua"
+
+
+LUA_DIR = _lua_dir()
 NAMES = (
     "pop", "renew", "complete", "complete_payload", "retry", "remove", "progress", "log", "schedule",
     "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate", "release",
@@ -19,7 +29,8 @@ NAMES = (
 
 def script_text(name: str) -> str:
     """Full text of script ``name`` as sent to Redis (prelude + body)."""
-    return (LUA_DIR / "lib.lua").read_text() + "\n" + (LUA_DIR / f"{name}.lua").read_text()
+    return (LUA_DIR / "lib.lua").read_text(encoding="utf-8") + "\n" + (LUA_DIR / f"{name}.lua").read_text(
+        encoding="utf-8")
 
 
 class Scripts:
