@@ -489,13 +489,17 @@ def judge(host: str, port: int) -> None:
 @click.option("--slow-delay", default=3.0, show_default=True, type=click.FloatRange(0, 60),
               help="Seconds the slow proxy waits before forwarding.")
 @click.option("--list-file", default=None, type=click.Path(dir_okay=False), help="Also write the proxy list here.")
-def lab(base_port, judge_port, slow_delay, list_file) -> None:
+@click.option("--faults", is_flag=True,
+              help="Also start the fault servers (tarpit, trickle, slow, echo, refused) on 127.0.0.20-24.")
+def lab(base_port, judge_port, slow_delay, list_file, faults) -> None:
     """Start the local lab (a judge and real proxy servers on 127.0.0.x) and run until stopped."""
     from magpie.lab.lab import main as lab_main
 
     argv = ["--base-port", str(base_port), "--judge-port", str(judge_port), "--slow-delay", str(slow_delay)]
     if list_file:
         argv += ["--list-file", list_file]
+    if faults:
+        argv += ["--faults"]
     sys.exit(lab_main(argv) or 0)
 
 

@@ -9,16 +9,19 @@ Layout for ``host_base`` ``127.0.0.H`` and ``base_port`` P (kind *i* listens on 
 
     i  kind     behaviour                                                   a checker should see
     0  tarpit   accepts, never sends a byte, holds the connection           timeout (read), dead
-    1  trickle  reads the request, sends ``HTTP/1.1 200 OK``, then one      timeout (read), dead
-                header byte a second, never ends the headers
+    1  trickle  reads the request, sends ``HTTP/1.1 200 OK``, then one      total deadline, dead (a
+                header byte a second, never ends the headers                per-read timeout never fires)
     2  slow     the echo below, answering after ``slow_delay`` seconds      alive, elite (slow)
-    3  echo     answers as proxy and judge in one hop (see EchoProtocol)    alive, elite
+    3  echo     lab stand-in that does NOT forward: answers as proxy and    alive, elite
+                judge in one hop (see EchoProtocol)
     4  refused  port bound but not listening: connections refused           connection refused, dead
 
 All servers run on one asyncio event loop (uvloop when importable) with bare ``asyncio.Protocol``
 handlers: no task and no stream objects per connection. :class:`FaultLab` runs them in a background
-thread; ``python -m magpie.lab.faults`` runs them in a process of their own and prints their addresses as
-one JSON line.
+thread. The runner ``python -m magpie.lab.faults [--host-base 127.0.0.20] [--base-port P]
+[--slow-delay S] [--judge-host H] [--judge-port N]`` runs them in a process of their own, prints one JSON
+line ``{"tarpit": "127.0.0.20:P", "trickle": "127.0.0.21:P+1", ..., "refused": "...", "pid": N}`` and
+serves until SIGINT/SIGTERM (exit status 0).
 """
 
 from __future__ import annotations
@@ -113,7 +116,11 @@ class _Tracked(asyncio.Protocol):
 
 class TarpitProtocol(_Tracked):
     """Accepts, reads and discards whatever arrives, never sends a byte; the connection lives until the
-    client closes it. State per connection: this object and its transport."""
+    client closes it. State per connection: this object and its transport.
+
+    Args:
+        conns: the server's set of live transports (this connection is in it while open).
+    """
 
     def data_received(self, data: bytes) -> None:
         pass
@@ -127,6 +134,10 @@ class TrickleProtocol(_Tracked):
     (``X-Trickle: aaaa...``) every :data:`TRICKLE_INTERVAL` seconds until the client closes.
 
     The bytes are sent by one shared ticker (:class:`_Trickler`), not a timer per connection.
+
+    Args:
+        conns: the server's set of live transports.
+        trickling: transport -> header bytes sent so far (int), shared with the ticker.
     """
 
     def __init__(self, conns: set, trickling: dict) -> None:
@@ -198,7 +209,7 @@ class EchoProtocol(_Tracked):
       plain HTTP request; tunnelled headers reach the echo unchanged.
 
     Args:
-        conns: shared set of live transports.
+        conns: the server's set of live transports.
         egress: the address reported as ``remote_addr`` (str).
         bind: ``(host, port)`` reported in SOCKS replies.
         delay: seconds to wait before the HTTP answer (the ``slow`` server); 0 answers at once.
@@ -420,7 +431,8 @@ class FaultLab:
 
     Attributes:
         addresses: kind -> ``"host:port"`` (``{}`` until a port is known).
-        conns: live accepted connections (transports) of all servers together.
+        conns: kind -> set of its live accepted connections (transports); read it via
+            :meth:`connections`.
     """
 
     def __init__(
@@ -441,7 +453,7 @@ class FaultLab:
         self.slow_delay = float(slow_delay)
         self.judge_host = judge_host
         self.judge_port = judge_port
-        self.conns: set = set()
+        self.conns: dict[str, set] = {k: set() for k in KINDS[:-1]}
         self._trickling: dict = {}
         self._trickler: _Trickler | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -457,7 +469,7 @@ class FaultLab:
         return {k: f"{h}:{self.base_port + i}" for i, (k, h) in enumerate(zip(KINDS, self.hosts))}
 
     def hostport(self, kind: str) -> tuple[str, int]:
-        """``(host, port)`` of ``kind``; raises ``KeyError`` for an unknown kind, RuntimeError before a port."""
+        """``(host, port)`` of ``kind``; raises KeyError for an unknown kind, RuntimeError before a port."""
         if self.base_port is None:
             raise RuntimeError("no base port yet: start() the lab first")
         if kind not in KINDS:
@@ -465,8 +477,12 @@ class FaultLab:
         i = KINDS.index(kind)
         return self.hosts[i], self.base_port + i
 
+    def connections(self) -> dict[str, int]:
+        """Kind -> number of accepted connections open now (safe from any thread)."""
+        return {k: len(s) for k, s in self.conns.items()}
+
     def _factory(self, kind: str) -> Callable[[], asyncio.Protocol]:
-        conns = self.conns
+        conns = self.conns[kind]
         if kind == "tarpit":
             return lambda: TarpitProtocol(conns)
         if kind == "trickle":
@@ -522,9 +538,10 @@ class FaultLab:
             self._trickler.stop()
         for s in self._servers:
             s.close()
-        for t in list(self.conns):
-            t.abort()
-        self.conns.clear()
+        for conns in self.conns.values():
+            for t in list(conns):
+                t.abort()
+            conns.clear()
         self._trickling.clear()
         await asyncio.sleep(0)  # let connection_lost callbacks run
 
@@ -650,10 +667,14 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the process exit status (0 after a clean stop, 1 when it cannot start).
     """
-    ap = argparse.ArgumentParser(prog="python -m magpie.lab.faults", description="Run the lab's fault servers.")
+    ap = argparse.ArgumentParser(
+        prog="python -m magpie.lab.faults", description="Run the lab's fault servers on loopback."
+    )
     ap.add_argument("--host-base", default=DEFAULT_HOST_BASE, help="first listen address (5 used)")
     ap.add_argument("--base-port", type=int, default=None, help="first port (5 used); default: a free block")
-    ap.add_argument("--slow-delay", type=float, default=DEFAULT_SLOW_DELAY, help="seconds the slow server waits")
+    ap.add_argument(
+        "--slow-delay", type=float, default=DEFAULT_SLOW_DELAY, help="seconds the slow server waits"
+    )
     ap.add_argument("--judge-host", default="127.0.0.1", help="judge host the echo servers impersonate")
     ap.add_argument("--judge-port", type=int, default=8899, help="judge port the echo servers impersonate")
     args = ap.parse_args(argv)

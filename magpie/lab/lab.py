@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import random
 import signal
 import socket
@@ -335,6 +336,9 @@ def start_free_lab(slow_delay: float = 1.0, tries: int = 5) -> Lab:
 def main(argv: list[str] | None = None) -> int:
     """``python -m magpie.lab``: start the lab, print the judge URL and the list, run until SIGINT/SIGTERM.
 
+    With ``--faults`` the fault servers (:class:`magpie.lab.faults.FaultLab`) run too, and a line
+    ``faults: {"tarpit": "host:port", ...}`` follows the judge line; they are not in the proxy list.
+
     Returns the process exit status (0 after a clean stop, 1 when the lab cannot start).
     """
     ap = argparse.ArgumentParser(prog="magpie lab", description="Run a judge and test proxies on loopback.")
@@ -344,9 +348,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--judge-port", type=int, default=DEFAULT_JUDGE_PORT, help="judge port on 127.0.0.1")
     ap.add_argument("--slow-delay", type=float, default=3.0, help="seconds the slow proxy waits")
     ap.add_argument("--list-file", default=None, help="also write the proxy list to this file")
+    ap.add_argument(
+        "--faults", action="store_true",
+        help="also start the fault servers (magpie.lab.faults) on 127.0.0.20-24, ports base-port+8..+12",
+    )
     args = ap.parse_args(argv)
 
     lab = Lab(args.base_port, args.judge_port, args.slow_delay)
+    faults = None
+    if args.faults:
+        from magpie.lab.faults import FaultLab
+
+        try:
+            faults = FaultLab(
+                base_port=args.base_port + PROXY_COUNT, slow_delay=args.slow_delay, judge_port=args.judge_port
+            )
+        except ValueError as exc:
+            print(f"magpie lab: {exc}", file=sys.stderr)
+            return 1
     stop = threading.Event()
     in_main = threading.current_thread() is threading.main_thread()
     previous = {}
@@ -356,10 +375,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         try:
             lab.start()
+            if faults is not None:
+                faults.start()
         except LabError as exc:
             print(f"magpie lab: {exc}", file=sys.stderr)
             return 1
         print(f"judge: {lab.judge_url}")
+        if faults is not None:
+            print(f"faults: {json.dumps(faults.addresses)}")
         if args.list_file:
             lab.write_list(args.list_file)
             print(f"list written to {args.list_file}")
@@ -373,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             pass
         return 0
     finally:
+        if faults is not None:
+            faults.stop()
         lab.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
