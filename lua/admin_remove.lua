@@ -2,12 +2,14 @@
 -- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] logs
 -- prefix, ARGV[4] member, ARGV[5] force (1/0).
 -- Refuses a route under a live lease unless forced (its holder's completion then finds it gone).
--- Returns 1 removed, -2 gone, -8 active lease.
+-- Returns 1 removed, R_GONE, R_ACTIVE_LEASES (a live lease is out; ARGV[5] = '1' forces).
 local shard, member = KEYS[NCORE + 1], ARGV[4]
 local pkey = ARGV[2] .. member
 local cur = redis.call('ZSCORE', shard, member)
-if not cur and redis.call('EXISTS', pkey) == 0 then return -2 end
-if cur and is_lease(tonumber(cur)) and tonumber(cur) > clock(ARGV[1]) and ARGV[5] ~= '1' then return -8 end
+if not cur and redis.call('EXISTS', pkey) == 0 then return R_GONE end
+if cur and is_lease(tonumber(cur)) and tonumber(cur) > clock(ARGV[1]) and ARGV[5] ~= '1' then
+  return R_ACTIVE_LEASES
+end
 redis.call('ZREM', shard, member)
 redis.call('DEL', pkey)
 forget(member, ARGV[3])

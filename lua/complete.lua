@@ -4,7 +4,7 @@
 -- score, ARGV[3i+2] previous score (before the claim).
 -- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall and retry
 -- counts ("in a row" ends here).
--- Returns per item: 1 completed, -1 lease lost (stale holder; nothing changed), -2 gone.
+-- Returns per item: 1 completed, R_LEASE_LOST (stale holder; nothing changed), R_GONE.
 local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
 local n = #KEYS - NCORE
@@ -28,9 +28,9 @@ for _, shard in ipairs(order) do
     local member, prev = ARGV[3 * i], tonumber(ARGV[3 * i + 2])
     local cur = scores[j]
     if not cur then
-      res[i] = -2
+      res[i] = R_GONE
     elseif seen[member] or tonumber(cur) ~= tonumber(ARGV[3 * i + 1]) then
-      res[i] = -1  -- a second lease for the same route in one call: only the first can be current
+      res[i] = R_LEASE_LOST  -- a second lease for the same route in one call: only the first can be current
     else
       seen[member] = true
       res[i] = 1

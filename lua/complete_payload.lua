@@ -4,18 +4,19 @@
 -- ARGV[8] the worker's original payload, ARGV[9] its desired payload.
 -- Only the worker's delta (workspace ids added or removed between original and desired) is applied to
 -- the payload as stored now, so workspaces an import added meanwhile and current credentials stay.
--- Returns 1 completed, 2 removed (no workspace left), -1 lease lost, -2 gone, -4 payload shape unknown.
+-- Returns 1 completed, 2 removed (no workspace left), R_LEASE_LOST, R_GONE, R_BAD_PAYLOAD (a payload
+-- shape it cannot merge).
 local shard = KEYS[NCORE + 1]
 local member = ARGV[5]
 local ok = fence(shard, member, ARGV[6])
 if ok ~= 1 then return ok end
 local pkey = ARGV[3] .. member
 local cur = redis.call('GET', pkey)
-if not cur then return -2 end
+if not cur then return R_GONE end
 local head, have = split_w(cur)
 local _, orig_w = split_w(ARGV[8])
 local _, want_w = split_w(ARGV[9])
-if not head or not orig_w or not want_w then return -4 end
+if not head or not orig_w or not want_w then return R_BAD_PAYLOAD end
 local orig = id_list(orig_w)
 local want = id_list(want_w)
 local set, list = id_list(have)

@@ -7,6 +7,10 @@ local K_HEADS, K_LEASED, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local NCORE = 8
 
+-- Refusal codes, the only negative replies a script gives (magpie.errors.Refusal holds the same table).
+local R_LEASE_LOST, R_GONE, R_PAYLOAD_CHANGED, R_BAD_PAYLOAD, R_LEASED = -1, -2, -3, -4, -5
+local R_DEAD, R_NOT_DEAD, R_ACTIVE_LEASES, R_NOT_PAUSED, R_LAYOUT_MISMATCH = -6, -7, -8, -9, -10
+
 -- Redis server clock in Unix ms; a positive override is accepted for deterministic tests only.
 local function clock(override)
   local o = tonumber(override)
@@ -47,15 +51,16 @@ local function forget(member, logs_prefix)
   if logs_prefix then redis.call('DEL', logs_prefix .. member) end
 end
 
--- Fencing: 1 when the stored score equals the holder's lease score, else -1 (lost) or -2 (gone).
+-- The lease index forgets ended leases.
 local function unlease(members)
   if #members > 0 then redis.call('ZREM', K_LEASED, unpack(members)) end
 end
 
+-- Fencing: 1 when the stored score equals the holder's lease score, else R_LEASE_LOST or R_GONE.
 local function fence(shard, member, expected)
   local cur = redis.call('ZSCORE', shard, member)
-  if not cur then return -2, nil end
-  if tonumber(cur) ~= tonumber(expected) then return -1, tonumber(cur) end
+  if not cur then return R_GONE, nil end
+  if tonumber(cur) ~= tonumber(expected) then return R_LEASE_LOST, tonumber(cur) end
   return 1, tonumber(cur)
 end
 

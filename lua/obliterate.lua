@@ -2,11 +2,11 @@
 -- KEYS: schedule keys, the layout key, then every shard key. ARGV[1] clock override, ARGV[2] payload prefix,
 -- ARGV[3] logs prefix, ARGV[4] batch size, ARGV[5] force (1/0).
 -- Refuses unless the queue is paused, and while leases are live unless forced.
--- Returns { status, deleted_routes } with status 'not_paused', 'active_leases', 'more' or 'done'.
+-- Returns { status, deleted_routes } with status 'more' or 'done', or R_NOT_PAUSED, R_ACTIVE_LEASES.
 local now = clock(ARGV[1])
-if redis.call('EXISTS', K_PAUSED) == 0 then return { 'not_paused', 0 } end
+if redis.call('EXISTS', K_PAUSED) == 0 then return R_NOT_PAUSED end
 if ARGV[5] ~= '1' and redis.call('ZCOUNT', K_LEASED, '(' .. now, '+inf') > 0 then
-  return { 'active_leases', 0 }
+  return R_ACTIVE_LEASES
 end
 local budget = tonumber(ARGV[4])
 local deleted = 0

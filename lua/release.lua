@@ -5,7 +5,7 @@
 -- ARGV[1] clock override, then per item i: ARGV[3i-1] member, ARGV[3i] lease score, ARGV[3i+1] previous
 -- score (before the claim).
 -- The restored score is the previous score when it was a due time (ordinary or .25 retry), else now
--- (the previous score was an expired lease). Returns per item: 1 released, -1 lease lost, -2 gone.
+-- (the previous score was an expired lease). Returns per item: 1 released, R_LEASE_LOST, R_GONE.
 local now = clock(ARGV[1])
 local n = #KEYS - NCORE
 local res, done = {}, {}

@@ -1,6 +1,6 @@
 -- renew.lua: extend a lease, fenced on the lease score the holder keeps.
 -- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
--- ARGV[4] lease ms. Returns the new lease score (string), -1 lease lost, -2 gone.
+-- ARGV[4] lease ms. Returns the new lease score (string), R_LEASE_LOST, R_GONE.
 local shard = KEYS[NCORE + 1]
 local ok = fence(shard, ARGV[2], ARGV[3])
 if ok ~= 1 then return ok end

@@ -1,12 +1,12 @@
 -- reprocess.lua: put a dead-lettered route back in its shard, due now, with its stall count reset.
 -- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] payload prefix.
--- Returns the due time (string), -2 gone (no payload), -7 not dead-lettered.
+-- Returns the due time (string), R_GONE (no payload), R_NOT_DEAD (not dead-lettered).
 local shard, member = KEYS[NCORE + 1], ARGV[2]
-if not redis.call('ZSCORE', K_DEAD, member) then return -7 end
+if not redis.call('ZSCORE', K_DEAD, member) then return R_NOT_DEAD end
 if redis.call('EXISTS', ARGV[3] .. member) == 0 then
   redis.call('ZREM', K_DEAD, member)
   redis.call('HDEL', K_DEAD_INFO, member)
-  return -2
+  return R_GONE
 end
 local now = clock(ARGV[1])
 redis.call('ZREM', K_DEAD, member)

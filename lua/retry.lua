@@ -4,7 +4,7 @@
 -- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
 -- ARGV[4] delay ms. The due time carries the .25 retry marker (stored as due - 0.75, so the route is
 -- claimable from due on); the route's retry count goes up.
--- Returns the retry count (>= 1), -1 lease lost, -2 gone.
+-- Returns the retry count (>= 1), R_LEASE_LOST, R_GONE.
 local shard = KEYS[NCORE + 1]
 local ok = fence(shard, ARGV[2], ARGV[3])
 if ok ~= 1 then return ok end

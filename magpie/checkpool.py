@@ -39,6 +39,7 @@ from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
 from magpie.queue import COMPLETED, Lease, Payload, PayloadError, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
+from magpie.stats.entry import entry_fields
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +75,9 @@ Record = Callable[[BatchReport, list[dict[str, str]]], object]
 
 
 def result_entry(payload: Payload, res: CheckResult) -> dict[str, str]:
-    """The stream entry of one completed check: the result's fields plus the route's id and hash."""
-    fields = res.to_fields()
-    fields["route_id"] = str(payload.route_id)
-    fields["route_hash"] = payload.route_hash
-    return fields
+    """The stream entry of one completed check: the result with the route's id and hash
+    (:func:`magpie.stats.entry.entry_fields`)."""
+    return entry_fields(res, payload.route_id, payload.route_hash)
 
 
 @dataclass

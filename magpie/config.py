@@ -15,8 +15,10 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from magpie.errors import MagpieError
 
-class ConfigError(ValueError):
+
+class ConfigError(MagpieError, ValueError):
     """A setting from the environment is missing or malformed; the message names the variable."""
 
 
@@ -79,6 +81,10 @@ class Settings(BaseSettings):
     """Root secret: credential encryption at rest and the keyed route hash derive from it. Keep it stable."""
 
     judge_url: str = Field("http://127.0.0.1:8899/", alias="MAGPIE_JUDGE_URL")
+    check_allow_private: str = Field("false", alias="MAGPIE_CHECK_ALLOW_PRIVATE")
+    """Non-public destinations checks may reach: ``false`` (none: only public unicast proxies and judges),
+    ``true`` (every private range), or CIDRs such as ``127.0.0.0/8,::1`` (the lab and demo run on loopback).
+    Checked at import for IP literals and again before every connection (names after resolution)."""
     check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0)
     """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer)."""
     connect_timeout_s: float | None = Field(None, alias="MAGPIE_CONNECT_TIMEOUT", gt=0)
@@ -216,6 +222,14 @@ class Settings(BaseSettings):
     @classmethod
     def _cadences(cls, v: str) -> str:
         parse_cadences(v)
+        return v
+
+    @field_validator("check_allow_private")
+    @classmethod
+    def _allow_private(cls, v: str) -> str:
+        from magpie.egress import parse_allow
+
+        parse_allow(v)
         return v
 
     @field_validator("redis_url")

@@ -16,13 +16,14 @@ from cryptography.fernet import Fernet, InvalidToken
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from magpie.errors import MagpieError
 from magpie.routes import Route
 
 ROUTE_HASH_HEX = 24
 """Length of a route hash in hex characters (96 bits): short members keep Redis memory per route low."""
 
 
-class CredentialError(ValueError):
+class CredentialError(MagpieError, ValueError):
     """Stored credentials could not be decrypted (wrong or rotated ``PROXY_ENCRYPTION_KEY``)."""
 
 

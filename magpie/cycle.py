@@ -50,3 +50,20 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
         if batch:
             dispatch(batch)
     return claimed
+
+
+def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[dict]], None], *,
+                          capacity: int | None) -> int:
+    """:func:`promote` with the deployment's limits: one beat-triggered promote pass.
+
+    Args:
+        queue: the deployment's route queue.
+        settings: :class:`magpie.config.Settings` (``promote_budget``, ``max_inflight``, ``pop_batch``,
+            ``routes_per_task``).
+        dispatch: sends one check message (a list of :meth:`Lease.to_dict` dicts).
+        capacity: check slots the running engines announce
+            (:meth:`magpie.queue.capacity.CapacityRegistry.total`); see :func:`promote`.
+    Returns the number of routes claimed.
+    """
+    return promote(queue, dispatch, budget=settings.promote_budget, max_inflight=settings.max_inflight,
+                   pop_batch=settings.pop_batch, routes_per_task=settings.routes_per_task, capacity=capacity)

@@ -5,12 +5,16 @@ lab's proxy list, runs a Celery worker pair and beat from the Procfile (via honc
 interval until every route was checked at least twice, prints the health table next to what the lab
 intends, and stops everything it started. Exit status 0 when every route matches the lab's intent.
 
+It needs a checkout of the repository and the ``dev`` and ``lab`` extras (``make setup`` installs them);
+run elsewhere it says so in one line and exits with status 2.
+
 Uses its own Redis key prefix (``magpie-demo:``), broker database and PostgreSQL database
 (``magpie_demo``), all reset at start, so it never touches a real deployment's data.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -25,6 +29,7 @@ DEMO_ENV = {
     "MAGPIE_REDIS_PREFIX": "magpie-demo:",
     "MAGPIE_BROKER_URL": "redis://127.0.0.1:6379/2",
     "MAGPIE_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/magpie_demo",
+    "MAGPIE_CHECK_ALLOW_PRIVATE": "127.0.0.0/8",  # the lab is on loopback
     "MAGPIE_CHECK_INTERVAL": "8",
     "MAGPIE_CHECK_TIMEOUT": "6",
     "MAGPIE_LEASE_SECONDS": "60",
@@ -80,7 +85,26 @@ def _interrupt(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def cannot_run() -> str | None:
+    """Why the demo cannot run here, as one line, or ``None`` when it can.
+
+    It needs a checkout of the repository (it runs the repository's ``Procfile`` and keeps its state in
+    ``.demo/`` there) and the ``dev`` and ``lab`` extras (honcho runs the Procfile, pproxy serves the lab).
+    """
+    if not (ROOT / "Procfile").is_file():
+        return (f"the demo needs a checkout of the magpie repository (it runs its Procfile; none in {ROOT}): "
+                "clone it and run `make demo` there")
+    missing = [m for m in ("honcho", "pproxy") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the demo needs {' and '.join(missing)}: pip install -e '.[dev,lab]' (or `make setup`)"
+    return None
+
+
 def main() -> int:
+    why = cannot_run()
+    if why is not None:
+        print(f"[demo] {why}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks: stop Celery and the lab
     os.environ.update(DEMO_ENV)
     STATE.mkdir(exist_ok=True)

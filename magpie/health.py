@@ -115,10 +115,13 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
 
         def scripts_probe() -> str:
             from magpie.queue.scripts import NAMES, script_text
+            from magpie.stats.scripts import ALL as STREAM_SCRIPTS
 
             for name in NAMES:
                 r.script_load(script_text(name))
-            return f"{len(NAMES)} scripts loaded"
+            for script in STREAM_SCRIPTS:
+                r.script_load(script.source()[0])
+            return f"{len(NAMES) + len(STREAM_SCRIPTS)} scripts loaded"
 
         def engines_probe() -> str:
             from magpie.queue import QueueKeys

@@ -5,34 +5,57 @@ A leader lock is a lease, not a permanent primary: acquire with a random per-hol
 A renewal that fails (lost lock, or Redis unreachable) fires the holder's cancellation event so the job
 stops at its next safe point; whoever acquires next resumes the work. When Redis comes back, contention
 simply resumes: acquisition is retried by the next task run.
+
+The two scripts are ``lua/leader_extend.lua`` and ``lua/leader_release.lua`` (read once per process,
+registered once per lock). :func:`lock_key` and :func:`locks_held` are the lock names' one spelling for
+readers such as the metrics exporter and ``magpie maintenance status``.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator
 
 import redis
 
+from magpie.queue.scripts import LUA_DIR
+
 log = logging.getLogger(__name__)
 
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+STANDING_LOCKS: tuple[str, ...] = ("respread", "alerts", "outbox-housekeeping")
+"""Leader-lock names taken outside the maintenance registry: ``magpie respread``, the alert evaluation and
+the outbox housekeeping. Each maintenance job's lock is its :attr:`magpie.maintenance.base.Job.lock`."""
+
+
+def lock_key(prefix: str, name: str) -> str:
+    """Redis key of the leader lock ``name``: ``f"{prefix}leader:{name}"``."""
+    return f"{prefix}leader:{name}"
+
+
+def locks_held(client: redis.Redis, prefix: str, names: Sequence[str]) -> list[bool]:
+    """Whether some process holds each leader lock of ``names`` now (one pipelined round trip).
+
+    Returns:
+        One bool per name, in order.
+    Raises:
+        redis.RedisError: Redis unreachable.
+    """
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        pipe.exists(lock_key(prefix, name))
+    return [bool(x) for x in pipe.execute()]
+
+
+@functools.cache
+def _script_text(name: str) -> str:
+    """Text of ``lua/<name>.lua``, read once per process."""
+    return (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
 
 
 class LeaderLock:
@@ -47,13 +70,13 @@ class LeaderLock:
 
     def __init__(self, client: redis.Redis, prefix: str, job: str, ttl_ms: int = 30_000):
         self.r = client
-        self.key = f"{prefix}leader:{job}"
+        self.key = lock_key(prefix, job)
         self.job = job
         self.ttl_ms = int(ttl_ms)
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"
         self.lost = threading.Event()
-        self._extend = client.register_script(_EXTEND)
-        self._release = client.register_script(_RELEASE)
+        self._extend = client.register_script(_script_text("leader_extend"))  # compare-and-extend
+        self._release = client.register_script(_script_text("leader_release"))  # compare-and-delete
 
     def acquire(self) -> bool:
         """Try once; True when this holder now owns the lock, False when another holder has it.
@@ -85,6 +108,7 @@ class LeaderLock:
             return False
 
     def is_held(self) -> bool:
+        """True when this holder owns the lock now; False when not, or when Redis is unreachable."""
         try:
             v = self.r.get(self.key)
         except redis.RedisError:

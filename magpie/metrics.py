@@ -1,221 +1,63 @@
-"""Prometheus metrics: counters check tasks keep in Redis, and a collector that reads state at scrape time.
+"""The Prometheus exporter: a collector that reads magpie's state at scrape time.
 
-Two halves:
+The write side is elsewhere: check workers and the stats producer only add to Redis counters
+(:mod:`magpie.counters`). The exporter (:class:`MagpieCollector`) composes the read functions each owner
+exposes, and adds nothing of its own to what they return:
 
-* **Producers** (check tasks, the stats producer) never touch a Prometheus registry. They add to one Redis
-  hash, ``<prefix>metrics:counters``, in a single pipelined round trip per check batch
-  (:func:`record_check_batch`, :func:`count_stats_drops`). Counters in Redis survive worker restarts and
-  are shared by every process, so there is no multiprocess registry to manage.
-* **The exporter** (:class:`MagpieCollector`) reads everything at scrape time: those counters, the route
-  schedule (:meth:`magpie.queue.RouteQueue.status`), the results stream, the leader locks and the
-  ``maintenance_runs`` table. ``magpie metrics --port N`` serves it as a standalone process; a Celery
-  worker started with ``MAGPIE_METRICS_PORT`` serves the same collector from its main process (see
-  the worker hook in :mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one.
+* counters: :func:`magpie.counters.read_counters`;
+* the route schedule: :meth:`magpie.queue.RouteQueue.status`;
+* the results stream: :func:`magpie.stats.status.pending_summary` and
+  :func:`magpie.stats.upkeep.replay_floor`;
+* leader locks: :func:`magpie.leader.locks_held` over the maintenance jobs' locks
+  (:data:`magpie.maintenance.registry.JOBS`) and :data:`magpie.leader.STANDING_LOCKS`;
+* maintenance passes: :func:`magpie.maintenance.runner.read_job_status`.
 
-Hash fields of ``<prefix>metrics:counters``: ``checks:<outcome>``, ``stale``,
-``lateness:b:<upper bound in s>`` (one per fixed bucket, not cumulative, ``+Inf`` last),
-``lateness:sum_ms``, ``lateness:count``, ``stats_dropped:<policy>``.
+``magpie metrics --port N`` serves it as a standalone process; a Celery worker started with
+``MAGPIE_METRICS_PORT`` serves the same collector from its main process (see the worker hook in
+:mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one.
 """
 
 from __future__ import annotations
 
-import bisect
 import logging
 import threading
-import time
-from collections.abc import Iterable, Mapping, Sequence
 
 import redis as redis_lib
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from magpie.counters import read_counters
+from magpie.leader import STANDING_LOCKS, locks_held
+from magpie.maintenance.registry import JOBS
+from magpie.maintenance.runner import read_job_status
+from magpie.queue import QueueKeys, RouteQueue
+from magpie.stats.status import pending_summary
+from magpie.stats.upkeep import replay_floor
+
 log = logging.getLogger(__name__)
 
-LATENESS_BUCKETS: tuple[float, ...] = (
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    120.0,
-    300.0,
-    600.0,
-    1800.0,
-)
-"""Upper bounds in seconds of the check-lateness histogram buckets (``+Inf`` is implied)."""
 
-OTHER_LEADER_JOBS: tuple[str, ...] = ("respread", "alerts", "outbox-housekeeping")
-"""Leader-lock names outside the maintenance registry reported by ``magpie_leader_job_active``."""
+def _scrape_redis(settings) -> redis_lib.Redis:
+    """A client that fails fast (2-second socket timeouts, no retries): a scrape must not hang."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis_lib.Redis.from_url(
+        settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
+    )
 
 
-def counters_key(prefix: str) -> str:
-    """Key of the Redis hash holding the producer-side counters: ``f"{prefix}metrics:counters"``."""
-    return f"{prefix}metrics:counters"
+def _scrape_engine(settings):
+    """An engine with a 2-second connect timeout and a 5-second statement timeout, one connection."""
+    import sqlalchemy as sa
 
-
-def _bucket_field(seconds: float) -> str:
-    i = bisect.bisect_left(LATENESS_BUCKETS, seconds)
-    return "lateness:b:" + (repr(LATENESS_BUCKETS[i]) if i < len(LATENESS_BUCKETS) else "+Inf")
-
-
-def record_check_batch(
-    redis: redis_lib.Redis,
-    prefix: str,
-    outcomes: Mapping[str, int],
-    stale: int,
-    lateness_ms: Sequence[float],
-) -> bool:
-    """Add one check batch's figures to the Redis counters in one pipelined round trip.
-
-    Args:
-        redis: client on the schedule's Redis.
-        prefix: key prefix (``MAGPIE_REDIS_PREFIX``).
-        outcomes: checks per outcome label, e.g. ``{"alive": 12, "dead": 3, "lease_lost": 1}``
-            (see :func:`check_outcomes`); zero counts are skipped.
-        stale: completions rejected as stale (the lease had moved on) in this batch.
-        lateness_ms: per check, its start time minus its due time in **milliseconds**
-            (see :func:`lease_lateness_ms`); negative values count in the lowest bucket.
-    Returns:
-        True when recorded; False when Redis refused (logged, never raised: metrics must not fail a check).
-    """
-    pipe = redis.pipeline(transaction=False)
-    key = counters_key(prefix)
-    n = 0
-    for outcome, count in outcomes.items():
-        if count:
-            pipe.hincrby(key, f"checks:{outcome}", int(count))
-            n += 1
-    if stale:
-        pipe.hincrby(key, "stale", int(stale))
-        n += 1
-    if lateness_ms:
-        buckets: dict[str, int] = {}
-        total = 0.0
-        for ms in lateness_ms:
-            f = _bucket_field(ms / 1000.0)
-            buckets[f] = buckets.get(f, 0) + 1
-            total += ms
-        for f, c in buckets.items():
-            pipe.hincrby(key, f, c)
-        pipe.hincrbyfloat(key, "lateness:sum_ms", total)
-        pipe.hincrby(key, "lateness:count", len(lateness_ms))
-        n += 1
-    if not n:
-        return True
-    try:
-        pipe.execute()
-        return True
-    except redis_lib.RedisError as exc:
-        log.warning("could not record check metrics: %s", exc)
-        return False
-
-
-def count_stats_drops(redis: redis_lib.Redis, prefix: str, policy: str, dropped: int) -> None:
-    """Count ``dropped`` results lost to the stream bound under ``policy``
-    (``magpie_statistics_dropped_total{policy}``).
-
-    Never raises (a failure is logged)."""
-    try:
-        redis.hincrby(counters_key(prefix), f"stats_dropped:{policy}", int(dropped))
-    except redis_lib.RedisError as exc:
-        log.warning("could not count %d dropped results: %s", dropped, exc)
-
-
-def lease_lateness_ms(leases: Iterable, now_ms: float | None = None) -> list[float]:
-    """Lateness of each claimed route: start time minus due time, in ms.
-
-    Args:
-        leases: :class:`magpie.queue.Lease` objects or their ``to_dict()`` dicts; the due time is the
-            lease's ``previous_score`` (for a re-claimed expired lease, the old lease's expiry).
-        now_ms: start time in Unix ms on this process's clock (default: now); each lease's
-            ``server_offset_ms`` moves it onto the Redis clock the scores use.
-    """
-    now = time.time() * 1000 if now_ms is None else now_ms
-    out = []
-    for le in leases:
-        get = le.get if isinstance(le, dict) else lambda k, d=None, _le=le: getattr(_le, k, d)
-        try:
-            due = float(get("previous_score"))
-        except (TypeError, ValueError):
-            continue
-        out.append(now + float(get("server_offset_ms", 0.0) or 0.0) - due)
-    return out
-
-
-def check_outcomes(report, entries: Iterable[Mapping[str, str]] = ()) -> dict[str, int]:
-    """Outcome counts of one check batch for :func:`record_check_batch`.
-
-    Args:
-        report: :class:`magpie.cycle.BatchReport` (``lease_lost``, ``aborted``, ``malformed``, ``retried``).
-        entries: the published result entries (``alive`` ``"1"``/``"0"``) of that batch.
-    Returns:
-        ``{"alive", "dead", "lease_lost", "aborted", "malformed", "retried"}`` -> int.
-    """
-    alive = dead = 0
-    for e in entries:
-        if e.get("alive") == "1":
-            alive += 1
-        else:
-            dead += 1
-    return {
-        "alive": alive,
-        "dead": dead,
-        "lease_lost": int(getattr(report, "lease_lost", 0)),
-        "aborted": int(getattr(report, "aborted", 0)),
-        "malformed": int(getattr(report, "malformed", 0)),
-        "retried": int(getattr(report, "retried", 0)),
-    }
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
-    """Decode the counters hash.
-
-    Returns:
-        ``{"checks": {outcome: int}, "stale": int, "dropped": {policy: int}, "lateness": {"buckets":
-        [(upper bound s or inf, cumulative count)], "sum_s": float, "count": int}}``.
-    Raises:
-        redis.RedisError: Redis unavailable.
-    """
-    raw = {_s(k): _s(v) for k, v in redis.hgetall(counters_key(prefix)).items()}
-    checks: dict[str, int] = {}
-    dropped: dict[str, int] = {}
-    per_bucket: dict[str, int] = {}
-    for k, v in raw.items():
-        if k.startswith("checks:"):
-            checks[k[7:]] = int(v)
-        elif k.startswith("stats_dropped:"):
-            dropped[k[14:]] = int(v)
-        elif k.startswith("lateness:b:"):
-            per_bucket[k[11:]] = int(v)
-    cum = 0
-    buckets: list[tuple[float, int]] = []
-    for b in LATENESS_BUCKETS:
-        cum += per_bucket.get(repr(b), 0)
-        buckets.append((b, cum))
-    cum += per_bucket.get("+Inf", 0)
-    buckets.append((float("inf"), cum))
-    return {
-        "checks": checks,
-        "stale": int(raw.get("stale", 0)),
-        "dropped": dropped,
-        "lateness": {
-            "buckets": buckets,
-            "sum_s": float(raw.get("lateness:sum_ms", 0.0)) / 1000.0,
-            "count": int(raw.get("lateness:count", 0)),
-        },
-    }
-
-
-# ------------------------------------------------------------------------------------------- collector
+    return sa.create_engine(
+        settings.database_url,
+        pool_pre_ping=True,
+        pool_size=1,
+        max_overflow=1,
+        connect_args={"connect_timeout": 2, "options": "-c statement_timeout=5000"},
+    )
 
 
 class MagpieCollector:
@@ -241,34 +83,20 @@ class MagpieCollector:
 
     @property
     def redis(self) -> redis_lib.Redis:
+        """The Redis client (built on first use unless one was given)."""
         if self._redis is None:
             with self._lock:
                 if self._redis is None:
-                    from redis.backoff import NoBackoff
-                    from redis.retry import Retry
-
-                    self._redis = redis_lib.Redis.from_url(
-                        self.settings.redis_url,
-                        socket_timeout=2.0,
-                        socket_connect_timeout=2.0,
-                        retry=Retry(NoBackoff(), 0),
-                    )
+                    self._redis = _scrape_redis(self.settings)
         return self._redis
 
     @property
     def engine(self):
+        """The SQLAlchemy engine (built on first use unless one was given)."""
         if self._engine is None:
             with self._lock:
                 if self._engine is None:
-                    import sqlalchemy as sa
-
-                    self._engine = sa.create_engine(
-                        self.settings.database_url,
-                        pool_pre_ping=True,
-                        pool_size=1,
-                        max_overflow=1,
-                        connect_args={"connect_timeout": 2, "options": "-c statement_timeout=5000"},
-                    )
+                    self._engine = _scrape_engine(self.settings)
         return self._engine
 
     def describe(self):  # no up-front description: metrics are read at scrape time
@@ -293,110 +121,28 @@ class MagpieCollector:
 
     # -- Redis -----------------------------------------------------------------------------------------
     def _redis_metrics(self):
-        from magpie.queue import QueueKeys, RouteQueue
-        from magpie.stats.stream import pending_summary
-        from magpie.stats.upkeep import replay_floor
-
-        s = self.settings
         r = self.redis
-        prefix = s.redis_prefix
+        prefix = self.settings.redis_prefix
+        yield self._leaders(r, prefix)
+        yield from _counter_families(read_counters(r, prefix))
+        yield from _stream_families(r, prefix)
+        s = self.settings
+        # Built directly, not by RouteQueue.from_settings: a scrape only reads (no layout check, no write).
+        queue = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
+        yield from _queue_families(queue.status())
 
+    @staticmethod
+    def _leaders(r: redis_lib.Redis, prefix: str) -> GaugeMetricFamily:
         leader = GaugeMetricFamily(
             "magpie_leader_job_active", "1 while some process holds the job's leader lock", labels=["job"]
         )
-        names = list(_maintenance_job_names()) + [n for n in OTHER_LEADER_JOBS]
-        pipe = r.pipeline(transaction=False)
-        for name in names:
-            pipe.exists(f"{prefix}leader:{name}")
-        for name, held in zip(names, pipe.execute()):
+        locks = {name: job.lock for name, job in JOBS.items()} | {name: name for name in STANDING_LOCKS}
+        for name, held in zip(locks, locks_held(r, prefix, list(locks.values()))):
             leader.add_metric([name], 1.0 if held else 0.0)
-        yield leader
-
-        c = read_counters(r, prefix)
-        checks = CounterMetricFamily("magpie_checks", "Checks by outcome", labels=["outcome"])
-        for outcome, n in sorted(c["checks"].items()):
-            checks.add_metric([outcome], n)
-        yield checks
-        yield CounterMetricFamily(
-            "magpie_stale_completions_rejected",
-            "Check completions rejected because the lease had moved on",
-            value=c["stale"],
-        )
-        lat = c["lateness"]
-        hist = HistogramMetricFamily("magpie_check_lateness_seconds", "Check start time minus its due time")
-        hist.add_metric(
-            [],
-            buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in lat["buckets"]],
-            sum_value=lat["sum_s"],
-        )
-        yield hist
-        dropped = CounterMetricFamily(
-            "magpie_statistics_dropped", "Check results lost to the results stream bound", labels=["policy"]
-        )
-        for policy, n in sorted(c["dropped"].items()):
-            dropped.add_metric([policy], n)
-        yield dropped
-
-        summary = pending_summary(r, prefix)
-        yield GaugeMetricFamily(
-            "magpie_statistics_stream_length", "Entries in the results stream", value=summary["length"]
-        )
-        backlog = summary["lag"] if summary["lag"] is not None else summary["length"]
-        yield GaugeMetricFamily(
-            "magpie_statistics_backlog", "Results not yet delivered to a stats consumer", value=backlog
-        )
-        yield GaugeMetricFamily(
-            "magpie_statistics_pending",
-            "Results delivered to a consumer and not yet acknowledged",
-            value=summary["pending"],
-        )
-        yield GaugeMetricFamily(
-            "magpie_statistics_consumers", "Consumers in the stats consumer group", value=summary["consumers"]
-        )
-        yield GaugeMetricFamily(
-            "magpie_statistics_dead_letters",
-            "Entries in the statistics dead-letter stream",
-            value=summary["dead"],
-        )
-        floor = replay_floor(r, prefix)
-        if floor is not None:
-            yield GaugeMetricFamily(
-                "magpie_statistics_replay_floor_timestamp_seconds",
-                "Time of the oldest stream entry that may still be delivered again (replay ledger floor)",
-                value=floor.timestamp,
-            )
-
-        q = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
-        st = q.status()
-        fams = {
-            "scheduled": GaugeMetricFamily("magpie_queue_depth", "Routes in the shard", labels=["shard"]),
-            "leased": GaugeMetricFamily("magpie_queue_leased", "Routes under a live lease", labels=["shard"]),
-            "expired_leases": GaugeMetricFamily(
-                "magpie_queue_expired_leases", "Leases past expiry, not yet reclaimed", labels=["shard"]
-            ),
-            "due_now": GaugeMetricFamily("magpie_queue_due_now", "Claimable routes", labels=["shard"]),
-            "oldest_lateness_s": GaugeMetricFamily(
-                "magpie_queue_oldest_lateness_seconds",
-                "Now minus the oldest claimable score",
-                labels=["shard"],
-            ),
-        }
-        for sh in st["shards"]:
-            label = sh["shard"].rsplit(":", 1)[-1]
-            for field, fam in fams.items():
-                fam.add_metric([label], sh[field])
-        yield from fams.values()
-        yield GaugeMetricFamily(
-            "magpie_queue_dead_letters", "Dead-lettered routes", value=st["totals"]["dead"]
-        )
-        yield GaugeMetricFamily(
-            "magpie_queue_paused", "1 while claiming is paused", value=1 if st["paused"] else 0
-        )
+        return leader
 
     # -- PostgreSQL ------------------------------------------------------------------------------------
     def _pg_metrics(self):
-        from magpie.maintenance.runner import read_job_status
-
         rows = read_job_status(self.engine)
         last_ok = GaugeMetricFamily(
             "magpie_maintenance_last_success_timestamp_seconds",
@@ -419,10 +165,89 @@ class MagpieCollector:
         return [last_ok, last_start, failures, runs]
 
 
-def _maintenance_job_names() -> list[str]:
-    from magpie.maintenance.registry import JOBS
+def _counter_families(c: dict):
+    """Families of the producer-side counters (:func:`magpie.counters.read_counters`)."""
+    checks = CounterMetricFamily("magpie_checks", "Checks by outcome", labels=["outcome"])
+    for outcome, n in sorted(c["checks"].items()):
+        checks.add_metric([outcome], n)
+    yield checks
+    yield CounterMetricFamily(
+        "magpie_stale_completions_rejected",
+        "Check completions rejected because the lease had moved on",
+        value=c["stale"],
+    )
+    lat = c["lateness"]
+    hist = HistogramMetricFamily("magpie_check_lateness_seconds", "Check start time minus its due time")
+    hist.add_metric(
+        [],
+        buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in lat["buckets"]],
+        sum_value=lat["sum_s"],
+    )
+    yield hist
+    dropped = CounterMetricFamily(
+        "magpie_statistics_dropped", "Check results lost to the results stream bound", labels=["policy"]
+    )
+    for policy, n in sorted(c["dropped"].items()):
+        dropped.add_metric([policy], n)
+    yield dropped
 
-    return list(JOBS)
+
+def _stream_families(r: redis_lib.Redis, prefix: str):
+    """Families of the results stream (backlog, pending, consumers, dead letters, replay floor)."""
+    summary = pending_summary(r, prefix)
+    yield GaugeMetricFamily(
+        "magpie_statistics_stream_length", "Entries in the results stream", value=summary["length"]
+    )
+    backlog = summary["lag"] if summary["lag"] is not None else summary["length"]
+    yield GaugeMetricFamily(
+        "magpie_statistics_backlog", "Results not yet delivered to a stats consumer", value=backlog
+    )
+    yield GaugeMetricFamily(
+        "magpie_statistics_pending",
+        "Results delivered to a consumer and not yet acknowledged",
+        value=summary["pending"],
+    )
+    yield GaugeMetricFamily(
+        "magpie_statistics_consumers", "Consumers in the stats consumer group", value=summary["consumers"]
+    )
+    yield GaugeMetricFamily(
+        "magpie_statistics_dead_letters",
+        "Entries in the statistics dead-letter stream",
+        value=summary["dead"],
+    )
+    floor = replay_floor(r, prefix)
+    if floor is not None:
+        yield GaugeMetricFamily(
+            "magpie_statistics_replay_floor_timestamp_seconds",
+            "Time of the oldest stream entry that may still be delivered again (replay ledger floor)",
+            value=floor.timestamp,
+        )
+
+
+def _queue_families(st: dict):
+    """Families of the route schedule (:meth:`magpie.queue.RouteQueue.status`), per shard and in total."""
+    fams = {
+        "scheduled": GaugeMetricFamily("magpie_queue_depth", "Routes in the shard", labels=["shard"]),
+        "leased": GaugeMetricFamily("magpie_queue_leased", "Routes under a live lease", labels=["shard"]),
+        "expired_leases": GaugeMetricFamily(
+            "magpie_queue_expired_leases", "Leases past expiry, not yet reclaimed", labels=["shard"]
+        ),
+        "due_now": GaugeMetricFamily("magpie_queue_due_now", "Claimable routes", labels=["shard"]),
+        "oldest_lateness_s": GaugeMetricFamily(
+            "magpie_queue_oldest_lateness_seconds",
+            "Now minus the oldest claimable score",
+            labels=["shard"],
+        ),
+    }
+    for sh in st["shards"]:
+        label = sh["shard"].rsplit(":", 1)[-1]
+        for field, fam in fams.items():
+            fam.add_metric([label], sh[field])
+    yield from fams.values()
+    yield GaugeMetricFamily("magpie_queue_dead_letters", "Dead-lettered routes", value=st["totals"]["dead"])
+    yield GaugeMetricFamily(
+        "magpie_queue_paused", "1 while claiming is paused", value=1 if st["paused"] else 0
+    )
 
 
 def build_registry(settings, *, redis: redis_lib.Redis | None = None, engine=None) -> CollectorRegistry:
@@ -447,15 +272,4 @@ def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: Coll
     return start_http_server(port, addr=host, registry=registry)
 
 
-__all__ = [
-    "LATENESS_BUCKETS",
-    "MagpieCollector",
-    "build_registry",
-    "check_outcomes",
-    "count_stats_drops",
-    "counters_key",
-    "lease_lateness_ms",
-    "read_counters",
-    "record_check_batch",
-    "serve",
-]
+__all__ = ["MagpieCollector", "build_registry", "serve"]

@@ -64,24 +64,24 @@ def check_pool():
     """
 
     def build():
-        from magpie import metrics
+        from magpie import counters
         from magpie.backoff import Backoff
         from magpie.checker.engine import CheckEngine, checks_within_fd_limit
         from magpie.checkpool import CheckPool
-        from magpie.stats import stream
+        from magpie.stats import producer
 
         s = settings()
         r = redis_client()
 
         def record(report, entries):
-            metrics.record_check_batch(r, s.redis_prefix, metrics.check_outcomes(report, entries),
-                                       report.stale_completions, [])
+            counters.record_check_batch(r, s.redis_prefix, counters.check_outcomes(report, entries),
+                                        report.stale_completions, [])
 
         def lateness(leases):
-            metrics.record_check_batch(r, s.redis_prefix, {}, 0, metrics.lease_lateness_ms(leases))
+            counters.record_check_batch(r, s.redis_prefix, {}, 0, counters.lease_lateness_ms(leases))
 
         pool = CheckPool(
-            route_queue(), CheckEngine.from_settings(s), lambda entries: stream.publish_with_settings(r, s, entries),
+            route_queue(), CheckEngine.from_settings(s), lambda entries: producer.publish_with_settings(r, s, entries),
             capacity=checks_within_fd_limit(s.checks_per_process), renew_below_ms=s.renew_below_seconds * 1000,
             backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
             registry=capacity_registry(), record=record, lateness=lateness,

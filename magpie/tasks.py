@@ -1,28 +1,29 @@
-"""Thin Celery task wrappers; the work lives in :mod:`magpie.cycle` and :mod:`magpie.stats`."""
+"""The Celery tasks: each body calls one function of the package that owns the work.
+
+Importing this module registers the tasks on :data:`magpie.celery_app.app` and does nothing else (the
+worker's hooks, check pool and metrics endpoint, are :mod:`magpie.worker`'s). Per-process resources
+come from :mod:`magpie.runtime`; every import of work code is inside the task that needs it.
+"""
 
 from __future__ import annotations
-
-import os
-import socket
 
 from magpie import runtime
 from magpie.celery_app import app
 
 
+def _dispatch_checks(leases: list[dict]) -> None:
+    """Send one ``magpie.check_routes`` message with ``leases`` (:meth:`Lease.to_dict` dicts)."""
+    check_routes.apply_async(args=[leases], queue="checks")
+
+
 @app.task(name="magpie.promote", ignore_result=True)
 def promote() -> int:
     """Beat-triggered: claim due routes (bounded by the check engines' free slots, the budget and
-    MAGPIE_MAX_INFLIGHT) and dispatch check messages."""
-    from magpie.cycle import promote as run_promote
+    MAGPIE_MAX_INFLIGHT) and dispatch check messages; returns the count claimed."""
+    from magpie.cycle import promote_with_settings
 
-    s = runtime.settings()
-
-    def dispatch(leases: list[dict]) -> None:
-        check_routes.apply_async(args=[leases], queue="checks")
-
-    return run_promote(runtime.route_queue(), dispatch, budget=s.promote_budget, max_inflight=s.max_inflight,
-                       pop_batch=s.pop_batch, routes_per_task=s.routes_per_task,
-                       capacity=runtime.capacity_registry().total())
+    return promote_with_settings(runtime.route_queue(), runtime.settings(), _dispatch_checks,
+                                 capacity=runtime.capacity_registry().total())
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)
@@ -35,24 +36,14 @@ def check_routes(leases: list[dict]) -> int:
 
 @app.task(name="magpie.ingest_stats", ignore_result=True)
 def ingest_stats() -> int:
-    """Beat-triggered: move check results from the Redis Stream into PostgreSQL (acked after commit)."""
-    from magpie.stats import stream
+    """Beat-triggered: move check results from the Redis Stream into PostgreSQL (acked after commit);
+    returns the results committed."""
+    from magpie.stats.drain import ingest_backlog
 
-    s = runtime.settings()
-    r = runtime.redis_client()
-    stream.ensure_group(r, s.redis_prefix)
-    consumer = f"{socket.gethostname()}-{os.getpid()}"
-    total = 0
-    for _ in range(20):
-        rep = stream.ingest(r, runtime.engine(), s.redis_prefix, consumer, batch=s.stats_batch,
-                            max_deliveries=s.stats_max_deliveries)
-        total += rep.committed
-        if rep.read == 0:
-            break
-    return total
+    return ingest_backlog(runtime.redis_client(), runtime.engine(), runtime.settings())
 
 
-# -- maintenance, statistics upkeep and metrics ----------------------------------------------------------
+# -- maintenance -----------------------------------------------------------------------------------------
 
 @app.task(name="magpie.maintenance.run", ignore_result=True)
 def maintenance_run(job: str) -> dict:
@@ -71,7 +62,6 @@ def maintenance_rebuild_schedule() -> dict:
 
 
 # -- alerts, webhook delivery and the email outbox ------------------------------------------------------
-
 
 @app.task(name="magpie.alerts.evaluate", ignore_result=True)
 def alerts_evaluate() -> dict | None:
@@ -101,11 +91,9 @@ def email_drain() -> dict:
 
 @app.task(name="magpie.email.housekeeping", ignore_result=True)
 def email_housekeeping() -> dict | None:
-    """Beat-triggered: outbox housekeeping under the ``outbox-housekeeping`` leader lock (expired claims
-    back to pending or failed, sent rows past retention deleted). ``None`` when another instance leads."""
-    from dataclasses import asdict
-
+    """Beat-triggered: return expired outbox claims to pending (or failed) under the
+    ``outbox-housekeeping`` leader lock. ``{"returned", "failed"}`` counts, ``None`` when another leads."""
     from magpie.outbox.service import run_housekeeping
 
     rep = run_housekeeping(runtime.redis_client(), runtime.engine(), runtime.settings())
-    return None if rep is None else asdict(rep)
+    return None if rep is None else {"returned": rep.returned, "failed": rep.failed}

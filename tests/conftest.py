@@ -12,6 +12,8 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+# Tests run every proxy, judge and webhook on loopback: allow it explicitly (the default refuses it).
+os.environ.setdefault("MAGPIE_CHECK_ALLOW_PRIVATE", "127.0.0.0/8,::1")
 REDIS_URL = os.environ.get("MAGPIE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 PG_ADMIN_URL = os.environ.get("MAGPIE_TEST_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 

@@ -14,6 +14,7 @@ import pytest
 import requests
 
 from magpie.checker import CONNECTION_ERRORS, PROXY_HEADERS, Checker, CheckResult, classify, proxy_url
+from magpie.stats.entry import decode_result, entry_fields
 from magpie.checker.result import parse_echo
 from magpie.checker.judge import make_judge_server
 from magpie.lab import start_free_lab
@@ -119,21 +120,21 @@ def _dead_result():
 
 @pytest.mark.parametrize("result", [_alive_result(), _dead_result()])
 def test_fields_round_trip(result):
-    f = result.to_fields()
+    f = entry_fields(result)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in f.items())
     assert set(f) == {
         "alive", "latency_ms", "status", "attempts", "error", "body", "anonymity", "judge", "checked_at_ms"
     }
-    assert CheckResult.from_fields(f) == result
+    assert decode_result(f) == result
     # as redis-py returns them: bytes keys and values, plus fields added by other writers
     raw = {k.encode(): v.encode() for k, v in f.items()} | {b"route": b"abc"}
-    assert CheckResult.from_fields(raw) == result
+    assert decode_result(raw) == result
 
 
 def test_fields_encoding_details():
-    f = _dead_result().to_fields()
+    f = entry_fields(_dead_result())
     assert f["alive"] == "0" and f["latency_ms"] == "" and f["status"] == "" and f["anonymity"] == ""
-    f = _alive_result().to_fields()
+    f = entry_fields(_alive_result())
     assert f["alive"] == "1" and f["latency_ms"] == "123.456" and f["checked_at_ms"] == "1700000000123"
 
 
@@ -152,16 +153,16 @@ def test_fields_encoding_details():
     ],
 )
 def test_from_fields_rejects_malformed(change):
-    f = _alive_result().to_fields() | change
+    f = entry_fields(_alive_result()) | change
     with pytest.raises(ValueError):
-        CheckResult.from_fields(f)
+        decode_result(f)
 
 
 def test_from_fields_rejects_missing_field():
-    f = _alive_result().to_fields()
+    f = entry_fields(_alive_result())
     del f["attempts"]
     with pytest.raises(ValueError, match="attempts"):
-        CheckResult.from_fields(f)
+        decode_result(f)
 
 
 # -- helpers ----------------------------------------------------------------------------------------

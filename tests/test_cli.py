@@ -84,7 +84,7 @@ def test_dry_run_stores_nothing(cli, db, tmp_path):
 def test_broken_config_value_is_named(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("PROXY_QUEUE_SHARDS", "500")
     get_settings.cache_clear()
-    res = cli("status", code=1)
+    res = cli("status", code=2)
     assert "PROXY_QUEUE_SHARDS" in res.output
 
 
@@ -107,7 +107,7 @@ def test_queue_verbs_and_typed_refusals(cli, db, tmp_path):
     gone = json.loads(cli("queue", "reprocess", h, "--json", code=3).stdout)
     assert gone["refused"] == "not_dead"
     assert json.loads(cli("queue", "inspect", h, "--json", code=3).stdout)["refused"] == "gone"
-    cli("queue", "update", h, "not json", code=1)
+    cli("queue", "update", h, "not json", code=2)
 
 
 def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):
@@ -177,8 +177,34 @@ def test_changing_shard_count_is_refused(cli, db, tmp_path, monkeypatch):
     cli("import", str(f), "-w", "alpha")
     monkeypatch.setenv("PROXY_QUEUE_SHARDS", "8")
     get_settings.cache_clear()
-    res = cli("status", code=1)
+    res = cli("status", code=3)
     assert "layout_mismatch" in res.output and "PROXY_QUEUE_SHARDS=8" in res.output
+    refused = json.loads(cli("status", "--json", code=3).stdout)
+    assert refused == {"ok": False, "refused": "layout_mismatch", "member": None}
     monkeypatch.setenv("PROXY_QUEUE_SHARDS", "4")
     get_settings.cache_clear()
     assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 2
+
+
+def test_unreachable_storage_is_one_line_and_exit_status_2(cli, monkeypatch):
+    monkeypatch.setenv("MAGPIE_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    monkeypatch.setenv("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:1/none")
+    get_settings.cache_clear()
+    res = cli("status", "--json", code=2)
+    assert res.stdout == "" and res.stderr.startswith("Error: Redis error (MAGPIE_REDIS_URL)")
+    assert len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = cli("routes", code=2)
+    assert res.stderr.startswith("Error: cannot reach PostgreSQL (MAGPIE_DATABASE_URL)"), res.stderr
+
+
+def test_lab_with_a_taken_port_names_it_and_exits_2(tmp_path):
+    from magpie.lab import find_free_base_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        res = CliRunner().invoke(main, ["lab", "--base-port", str(find_free_base_port()), "--judge-port",
+                                        str(port)])
+    assert res.exit_code == 2, res.output
+    assert f"127.0.0.1:{port}" in res.stderr and "Traceback" not in res.output

@@ -10,8 +10,10 @@ import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
 from magpie.db import migrate
-from magpie.db.repo import all_route_payloads, latest_health, upsert_routes
+from magpie.db.repo import all_route_records, latest_health, upsert_routes
 from magpie.db.session import get_engine, session_scope
+from magpie.importer.service import schedule_item
+from magpie.queue.payload import Payload
 from magpie.routes import Route
 
 KEY = "test-key-0123456789abcdef"
@@ -150,7 +152,9 @@ def test_membership_merges_across_workspaces(db, keyring):
     again = upsert_routes(db, keyring, "alpha", [r[1]])
     assert again.new_members == [] and [s.route for s in again.already_members] == [r[1]]
     assert again.routes[0].workspace_ids == sorted([a.workspace_id, b.workspace_id])
-    assert again.routes[0].payload().workspaces == sorted([a.workspace_id, b.workspace_id])
+    key, entry = schedule_item(again.routes[0])  # what the schedule gets: the full workspace list
+    assert key == again.routes[0].route_hash
+    assert Payload.decode(entry).workspaces == sorted([a.workspace_id, b.workspace_id])
 
 
 def test_concurrent_imports_of_the_same_routes_do_not_duplicate(db, keyring):
@@ -175,8 +179,8 @@ def test_credentials_are_encrypted_at_rest(db, keyring):
     assert uenc != "alice" and "alice" not in uenc
     assert penc != "s3cret:pw" and "s3cret" not in penc
     assert keyring.decrypt(uenc) == "alice" and keyring.decrypt(penc) == "s3cret:pw"
-    [payload] = list(all_route_payloads(db, keyring))
-    assert payload.route == route and payload.route_hash == stored.route_hash
+    [record] = list(all_route_records(db, keyring))
+    assert record.route == route and record.route_hash == stored.route_hash
     [row] = latest_health(db, keyring=keyring)
     assert row["username"] == "alice" and "password" not in row
     assert "s3cret:pw" not in repr(row)
@@ -205,15 +209,15 @@ def test_latest_health_lists_never_checked_routes_in_order(db, keyring):
     assert latest_health(db, "nope") == []
 
 
-def test_all_route_payloads_skips_routes_without_workspace(db, keyring):
+def test_all_route_records_skips_routes_without_workspace(db, keyring):
     store = upsert_routes(db, keyring, "alpha", _routes(5, creds=True))
     orphan = store.routes[0].route_id
     with db.begin() as c:
         c.execute(sa.text("DELETE FROM route_workspaces WHERE route_id = :i"), {"i": orphan})
-    payloads = list(all_route_payloads(db, keyring))
-    assert [p.route_id for p in payloads] == sorted(s.route_id for s in store.routes[1:])
-    assert all(p.workspaces == [store.workspace_id] for p in payloads)
-    assert {p.route for p in payloads} == {s.route for s in store.routes[1:]}
-    everything = list(all_route_payloads(db, keyring, include_orphans=True))
+    records = list(all_route_records(db, keyring))
+    assert [p.route_id for p in records] == sorted(s.route_id for s in store.routes[1:])
+    assert all(p.workspace_ids == [store.workspace_id] for p in records)
+    assert {p.route for p in records} == {s.route for s in store.routes[1:]}
+    everything = list(all_route_records(db, keyring, include_orphans=True))
     assert len(everything) == 5
-    assert {p.route_id: p.workspaces for p in everything}[orphan] == []
+    assert {p.route_id: p.workspace_ids for p in everything}[orphan] == []

@@ -160,3 +160,33 @@ def test_sync_checker_checks_many_in_order(faults):
         c.close()
     assert [r.alive for r in res] == [True, False, True, False]
     assert [r.error for r in res] == [None, "ProxyError", None, "ReadTimeout"]
+
+
+@pytest.mark.parametrize("host", ["169.254.169.254", "10.0.0.1", "192.168.1.1", "fd00::1", "2002:a9fe:a9fe::1",
+                                  "localhost"])
+def test_egress_guard_refuses_before_any_connection(host, monkeypatch):
+    from magpie.egress import EgressPolicy
+
+    dialed = []
+
+    async def no_dial(*a, **kw):
+        dialed.append(a)
+        raise AssertionError("a refused destination was dialed")
+
+    monkeypatch.setattr(asyncio, "open_connection", no_dial)
+    eng = CheckEngine("http://8.8.8.8/", timeout=1.0, attempts=2, own_addresses={"127.0.0.1"},
+                      egress=EgressPolicy())
+    for protocol in ("http", "socks4", "socks5"):
+        res = asyncio.run(eng.check(Route(protocol, host, 3128)))
+        assert (res.alive, res.error, res.attempts) == (False, "EgressRefused", 1), (protocol, res)
+    assert dialed == []
+
+
+def test_egress_guard_refuses_a_private_judge_too(faults):
+    from magpie.egress import EgressPolicy
+
+    eng = CheckEngine(judge_of(faults), timeout=1.0, attempts=1, own_addresses={"127.0.0.1"},
+                      egress=EgressPolicy("127.0.0.20/30"))  # the echo proxy is allowed, the judge is not
+    res = run(eng.check(route(faults, "echo", user="u1")))
+    assert res.error == "EgressRefused"
+    assert run(eng.judge_reachable(max_age=0)) is False

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
+from magpie.importer.service import schedule_item
 from magpie.leader import LeaderLock
 from magpie.maintenance import run_job
 from magpie.maintenance.base import Job
@@ -347,7 +348,7 @@ def _queue(s, redis_client):
 def test_orphan_routes_leave_postgres_and_redis_except_under_a_live_lease(s, db, redis_client):
     q = _queue(s, redis_client)
     r1, r2, r3, r4 = _routes(db, 4)
-    q.schedule([(x.route_hash, x.payload().encode()) for x in (r1, r2, r3, r4)])
+    q.schedule([schedule_item(x) for x in (r1, r2, r3, r4)])
     far = q.server_time_ms() + 10_000_000
     for x in (r1, r3, r4):
         q.enqueue_at(x.route_hash, far)
@@ -469,7 +470,7 @@ def _prefix_keys(redis_client, prefix):
 def test_rebuild_after_redis_lost_everything_schedules_every_route_spread(s, db, redis_client):
     q = _queue(s, redis_client)
     routes = _routes(db, 40, host="10.4.0.1")
-    q.schedule([(x.route_hash, x.payload().encode()) for x in routes])
+    q.schedule([schedule_item(x) for x in routes])
     orphan = _routes(db, 1, ws="gone", host="10.4.9.9")[0]
     with db.begin() as c:
         c.execute(sa.text("DELETE FROM route_workspaces WHERE route_id = :i"), {"i": orphan.route_id})
@@ -495,7 +496,7 @@ def test_rebuild_after_redis_lost_everything_schedules_every_route_spread(s, db,
 def test_rebuild_keeps_routes_still_present_and_readds_lost_ones(s, db, redis_client):
     q = _queue(s, redis_client)
     routes = _routes(db, 6, host="10.5.0.1")
-    q.schedule([(x.route_hash, x.payload().encode()) for x in routes])
+    q.schedule([schedule_item(x) for x in routes])
     far = q.server_time_ms() + 50_000_000
     q.enqueue_at(routes[0].route_hash, far)
     q.enqueue_in(routes[1].route_hash, 0)

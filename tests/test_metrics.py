@@ -13,21 +13,21 @@ from prometheus_client.parser import text_string_to_metric_families
 from magpie.config import get_settings
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
+from magpie.importer.service import schedule_item
 from magpie.leader import LeaderLock
 from magpie.maintenance import run_job
-from magpie.metrics import (
+from magpie.counters import (
     LATENESS_BUCKETS,
-    build_registry,
     check_outcomes,
     lease_lateness_ms,
     read_counters,
     record_check_batch,
-    serve,
 )
+from magpie.metrics import build_registry, serve
 from magpie.queue import RouteQueue
 from magpie.routes import Route
 from magpie.stats import encode_result, ensure_group, publish, stream_key
-from magpie.stats.stream import publish_entries
+from magpie.stats.producer import publish_entries
 
 KEY = "test-key-0123456789abcdef"
 
@@ -94,7 +94,7 @@ def test_metrics_endpoint_serves_schedule_stream_maintenance_and_check_figures(
     stored = upsert_routes(
         db, get_keyring(KEY), "m", [Route("http", "10.9.0.1", 8000 + i) for i in range(3)]
     ).routes
-    q.schedule([(x.route_hash, x.payload().encode()) for x in stored], total=3)
+    q.schedule([schedule_item(x) for x in stored], total=3)
     q.enqueue_in(stored[0].route_hash, 0)
     [lease] = q.pop(1)
     ensure_group(redis_client, redis_prefix)

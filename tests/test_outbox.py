@@ -17,9 +17,10 @@ import sqlalchemy as sa
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult
 
-from magpie.outbox import claims
+from magpie.claims import rows as claim_rows
 from magpie.outbox.invitations import create_invitation, find_valid_invitation
 from magpie.outbox.service import (
+    OUTBOX,
     HousekeepingReport,
     enqueue_email,
     housekeeping,
@@ -178,11 +179,11 @@ def test_housekeeping_returns_expired_claims_respecting_max_attempts(db, mail_se
         b = c.execute(sa.text("INSERT INTO email_outbox (recipient, subject, body, kind, message_id, max_attempts, "
                               "next_attempt_at) VALUES ('b@example.test', 'b', 'body', 'test', '<b@x>', 1, :t) "
                               "RETURNING id"), {"t": T0}).scalar_one()
-        got = claims.claim(c, "email_outbox", limit=5, claim_seconds=s.email_claim_seconds, now=T0)
+        got = claim_rows.claim(c, "email_outbox", limit=5, claim_seconds=s.email_claim_seconds, now=T0)
     assert {x.id for x in got} == {a, b}  # two workers claimed and then died
     token_a = next(x.token for x in got if x.id == a)
 
-    assert housekeeping(db, s, now=T0 + dt.timedelta(seconds=60)) == HousekeepingReport(0, 0, 0)  # claims still live
+    assert housekeeping(db, s, now=T0 + dt.timedelta(seconds=60)) == HousekeepingReport(0, 0)  # claims still live
     expired = T0 + dt.timedelta(seconds=s.email_claim_seconds + 1)
     rep = housekeeping(db, s, now=expired)
     assert (rep.returned, rep.failed) == (1, 0 + 1)
@@ -190,20 +191,27 @@ def test_housekeeping_returns_expired_claims_respecting_max_attempts(db, mail_se
     assert (by_id[a]["status"], by_id[a]["claim_token"]) == ("pending", None)
     assert by_id[b]["status"] == "failed" and "final attempt" in by_id[b]["last_error"]
     with db.begin() as c:  # the dead worker wakes up: its token is no longer current
-        assert claims.record(c, "email_outbox", a, token_a, ok=True, now=expired) is None
+        assert claim_rows.record(c, "email_outbox", a, token_a, ok=True, now=expired) is None
 
     sink_sent = run_outbox_workers(db, s, 1, now=expired, sender=lambda msg, settings: None)
     assert sink_sent == Counter(sent=1)  # returned row is sent by a live worker (attempt 2)
     assert {r["id"]: (r["status"], r["attempts"]) for r in outbox_rows(db)}[a] == ("sent", 2)
 
-    # retention: sent rows older than MAGPIE_OUTBOX_RETENTION_SECONDS are deleted, newer ones kept
+    # retention: housekeeping deletes nothing; the outbox_cleanup maintenance job deletes terminal rows
+    # older than MAGPIE_OUTBOX_RETENTION_SECONDS and keeps newer ones
+    from magpie.maintenance import run_job
+
+    old = expired - dt.timedelta(seconds=s.outbox_retention_seconds + 60)
     with db.begin() as c:
-        c.execute(sa.text("UPDATE email_outbox SET sent_at = :t WHERE id = :id"),
-                  {"t": expired - dt.timedelta(seconds=s.outbox_retention_seconds + 60), "id": a})
+        c.execute(sa.text("UPDATE email_outbox SET sent_at = :t WHERE id = :id"), {"t": old, "id": a})
+        c.execute(sa.text("UPDATE email_outbox SET updated_at = :t WHERE id = :id"), {"t": old, "id": b})
     enqueue_email(db, s, "c@example.test", "c", "body", now=expired)
     run_outbox_workers(db, s, 1, now=expired, sender=lambda msg, settings: None)
-    assert run_housekeeping(redis_client, db, s, now=expired).deleted == 1
-    assert sorted(r["recipient"] for r in outbox_rows(db)) == ["b@example.test", "c@example.test"]
+    assert run_housekeeping(redis_client, db, s, now=expired) == HousekeepingReport(0, 0)
+    assert len(outbox_rows(db)) == 3
+    res = run_job("outbox_cleanup", s, engine=db, redis=redis_client, now=expired)
+    assert res["result"]["deleted"] == 2, res
+    assert [r["recipient"] for r in outbox_rows(db)] == ["c@example.test"]
 
 
 def test_housekeeping_is_leader_coordinated(db, mail_settings, redis_client):
@@ -216,6 +224,29 @@ def test_housekeeping_is_leader_coordinated(db, mail_settings, redis_client):
     finally:
         other.release()
     assert run_housekeeping(redis_client, db, mail_settings, now=T0) is not None
+
+
+def test_an_unexpected_sender_failure_is_retried_with_its_text(db, mail_settings):
+    enqueue_email(db, mail_settings, "a@example.test", "s", "b", now=T0)
+
+    def broken(msg, settings):
+        raise KeyError("surprise")
+
+    assert run_outbox_workers(db, mail_settings, 1, now=T0, sender=broken) == Counter(retry=1)
+    [row] = outbox_rows(db)
+    assert (row["status"], row["attempts"], row["last_error"]) == ("pending", 1, "KeyError: 'surprise'")
+
+
+def test_outbox_lists_newest_first_by_status_and_kind(db, mail_settings):
+    first = enqueue_email(db, mail_settings, "a@example.test", "s", "b", kind="alert", now=T0)
+    second = enqueue_email(db, mail_settings, "b@example.test", "s", "b", kind="notice", now=T0)
+    assert [r["id"] for r in list_outbox(db)] == [second, first]
+    assert [r["id"] for r in list_outbox(db, kind="alert")] == [first]
+    assert list_outbox(db, status="sent") == [] and len(list_outbox(db, status="pending", limit=1)) == 1
+    with pytest.raises(ValueError):
+        list_outbox(db, status="bogus")
+    with pytest.raises(TypeError):
+        OUTBOX.list_rows(db, recipient="a@example.test")  # only declared filters
 
 
 def test_outbox_rejects_header_injection(db, mail_settings):

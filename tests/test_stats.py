@@ -313,10 +313,11 @@ def test_entry_rejected_by_database_is_isolated_and_dead_lettered(db, redis_clie
 
 def test_two_consumers_holding_the_same_entries_apply_them_once(db, stored):
 
-    from magpie.stats.stream import _apply, parse_entry
+    from magpie.stats.entry import parse_entry
+    from magpie.stats.store import apply_results
 
-    results = [parse_entry(f"{T0 + i}-0", _entry(stored[i % 3], i % 2 == 0, T0 + i)) for i in range(300)]
-    outcomes, errors = run_concurrently(lambda: _apply(db, results), 4)
+    entries = [parse_entry(f"{T0 + i}-0", _entry(stored[i % 3], i % 2 == 0, T0 + i)) for i in range(300)]
+    outcomes, errors = run_concurrently(lambda: apply_results(db, entries), 4)
     assert errors == []
     assert sum(o[0] for o in outcomes) == 300 and sum(o[1] for o in outcomes) == 900
     assert len(_history(db)) == 300

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.metrics import read_counters
+from magpie.counters import read_counters
 from magpie.routes import Route
 from magpie.stats import GROUP, dead_key, encode_result, ensure_group, ingest, publish, stream_key
-from magpie.stats.stream import publish_entries
+from magpie.stats.producer import publish_entries
 from magpie.stats.upkeep import (
     cleanup_consumers,
     delete_empty_consumers,

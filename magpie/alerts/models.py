@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.orm import Mapped, mapped_column
 
+from magpie.claims.models import ClaimableRow
 from magpie.db.models import Base
-from magpie.outbox.models import ClaimableRow
 
 _now = sa.text("now()")
 TSTZ = sa.DateTime(timezone=True)
@@ -157,7 +157,8 @@ class AlertDelivery(ClaimableRow, Base):
     """One webhook POST owed for an incident transition on one channel.
 
     ``delivery_id`` (UUID text) is sent as ``X-Magpie-Delivery-ID`` and never changes across retries;
-    ``payload`` is the exact JSON body (signed as is). Claim columns: see :mod:`magpie.alerts.delivery`.
+    ``payload`` is the exact JSON body (signed as is). Claim columns: :class:`magpie.claims.ClaimableRow`;
+    how they are used: :mod:`magpie.alerts.delivery`.
     """
 
     __tablename__ = "alert_deliveries"

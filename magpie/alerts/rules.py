@@ -24,6 +24,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.errors import MagpieError
+
 KINDS = ("usable_routes", "success_rate", "latency")
 PROTOCOLS = ("http", "https", "socks4", "socks5")
 PERCENTILES = (50, 95)
@@ -42,7 +44,7 @@ def describe_rule(kind: str, threshold: float, percentile: int | None, protocols
     return f"p{percentile} latency > {t} ms{scope}"
 
 
-class RuleConflict(RuntimeError):
+class RuleConflict(MagpieError, RuntimeError):
     """An edit named an ``expected_revision`` that is no longer the rule's revision."""
 
 

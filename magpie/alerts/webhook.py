@@ -30,12 +30,14 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 
+from magpie.errors import MagpieError
+
 SIGNATURE_HEADER = "X-Magpie-Signature"
 DELIVERY_ID_HEADER = "X-Magpie-Delivery-ID"
 USER_AGENT = "magpie-webhook/1"
 
 
-class WebhookRefused(ValueError):
+class WebhookRefused(MagpieError, ValueError):
     """The webhook URL is malformed or resolves to an address the policy refuses."""
 
 

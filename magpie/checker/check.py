@@ -52,23 +52,28 @@ class Checker:
         body_cap: bytes of the judge's body kept in the result (>= 0).
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
         connect_timeout: seconds for the connect and the proxy handshake (default: ``timeout``).
+        egress: a :class:`magpie.egress.EgressPolicy` guarding every destination (None: no guard).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap or a judge URL
     that is not http(s).
     """
 
     def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
-                 own_addresses: Iterable[str] | None = None, connect_timeout: float | None = None) -> None:
+                 own_addresses: Iterable[str] | None = None, connect_timeout: float | None = None,
+                 egress=None) -> None:
         self.engine = CheckEngine(judge_url, timeout, attempts, body_cap, connect_timeout=connect_timeout,
-                                  own_addresses=own_addresses)
+                                  own_addresses=own_addresses, egress=egress)
         self._loop: LoopThread | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings) -> Checker:
         """A checker configured from :class:`magpie.config.Settings` (judge_url, check_timeout, ...)."""
+        from magpie.egress import EgressPolicy
+
         return cls(settings.judge_url, settings.check_timeout, settings.check_attempts, settings.body_cap,
-                   connect_timeout=settings.connect_timeout)
+                   connect_timeout=settings.connect_timeout,
+                   egress=EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
 
     judge_url = property(lambda self: self.engine.judge_url)
     timeout = property(lambda self: self.engine.timeout)

@@ -41,6 +41,7 @@ from python_socks.async_.asyncio.v2 import Proxy
 
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
+from magpie.egress import EgressPolicy, EgressRefused
 from magpie.routes import Route
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,8 @@ class CheckEngine:
             never more than ``timeout``.
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
         ssl_context: TLS context for an https judge (default: the system trust store).
+        egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
+            connection is made (host names after resolution); None guards nothing (tools and tests).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap, or a judge URL that
     is not http(s) with a host. An instance belongs to one event loop once it has run a check.
@@ -166,7 +169,7 @@ class CheckEngine:
 
     def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
                  connect_timeout: float | None = None, own_addresses: Iterable[str] | None = None,
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, egress: EgressPolicy | None = None) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if attempts < 1:
@@ -179,6 +182,7 @@ class CheckEngine:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"judge URL must be http(s)://host[:port]/path, got {judge_url!r}")
         self.judge_url = judge_url
+        self.egress = egress
         self.timeout = float(timeout)
         self.connect_timeout = min(float(connect_timeout or timeout), self.timeout)
         self.attempts = int(attempts)
@@ -209,7 +213,8 @@ class CheckEngine:
     def from_settings(cls, settings) -> CheckEngine:
         """An engine configured from :class:`magpie.config.Settings` (judge URL, timeouts, attempts, body cap)."""
         return cls(settings.judge_url, settings.check_timeout, settings.check_attempts, settings.body_cap,
-                   connect_timeout=settings.connect_timeout)
+                   connect_timeout=settings.connect_timeout,
+                   egress=EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
 
     @property
     def max_check_seconds(self) -> float:
@@ -223,35 +228,51 @@ class CheckEngine:
 
     # -- one attempt --------------------------------------------------------------------------------
     async def _judge_address(self) -> str:
-        """The judge's IP address (SOCKS4 cannot carry a name); resolved at most every 5 minutes."""
+        """The judge's IP address (SOCKS4 cannot carry a name, and the guard checks it); resolved at most
+        every 5 minutes. Raises :class:`EgressRefused` when the policy refuses every address of the judge."""
         if self._judge_ip is not None and (self._judge_ip == self._judge_host
                                            or time.monotonic() - self._judge_ip_at < _JUDGE_RESOLVE_TTL_S):
+            if self.egress is not None:
+                self.egress.check_address(self._judge_ip)
             return self._judge_ip
-        infos = await asyncio.get_running_loop().getaddrinfo(self._judge_host, self._judge_port,
-                                                             type=socket.SOCK_STREAM)
-        self._judge_ip = infos[0][4][0]
+        self._judge_ip = (await self._resolve(self._judge_host, self._judge_port))[0]
         self._judge_ip_at = time.monotonic()
         return self._judge_ip
 
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        """Addresses to dial for ``host``: itself when it is an IP literal, else its resolved addresses;
+        only those the egress policy allows (raises :class:`EgressRefused` when none is)."""
+        if _is_ip(host):
+            addrs = [host]
+        else:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            addrs = list(dict.fromkeys(info[4][0] for info in infos))
+        return self.egress.allowed(addrs) if self.egress is not None else addrs
+
     async def _open(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         """Connect through ``route`` to the judge; returns the stream and the request to send."""
+        host = route.host
+        if self.egress is not None or not _is_ip(host):
+            host = (await self._resolve(host, route.port))[0]
+            if self.egress is not None:
+                await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
         if route.protocol in ("http", "https"):
             if not self._tls:
-                reader, writer = await asyncio.open_connection(route.host, route.port)
+                reader, writer = await asyncio.open_connection(host, route.port)
                 if route.username is None:
                     return reader, writer, self._absolute_request
                 req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
                 return reader, writer, req
-            proxy = Proxy(ProxyType.HTTP, route.host, route.port, route.username, route.password)
+            proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password)
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
         kind = _SOCKS_TYPES[route.protocol]
         if kind is ProxyType.SOCKS4:
             dest = await self._judge_address()
-            proxy = Proxy(kind, route.host, route.port, route.username, None, rdns=False)
+            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False)
         else:
             dest = self._judge_host
-            proxy = Proxy(kind, route.host, route.port, route.username, route.password, rdns=True)
+            proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True)
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
 
@@ -296,6 +317,8 @@ class CheckEngine:
                 connecting = False
                 window.reschedule(t0 + self.timeout)
                 return await self._exchange(reader, writer, request, started)
+        except EgressRefused:
+            return _Attempt(ok=False, error="EgressRefused", final=True)
         except TimeoutError:
             return _Attempt(ok=False, error="ConnectTimeout" if connecting else "ReadTimeout")
         except ssl.SSLError:
@@ -363,12 +386,15 @@ class CheckEngine:
         writer = None
         try:
             async with asyncio.timeout(self.timeout):
+                address = await self._judge_address()
                 reader, writer = await asyncio.open_connection(
-                    self._judge_host, self._judge_port, ssl=self._ssl,
+                    address, self._judge_port, ssl=self._ssl,
                     server_hostname=self._judge_host if self._tls else None)
                 sockname = writer.get_extra_info("sockname")
                 local = normalize_ip(sockname[0]) if sockname else None
                 return await self._exchange(reader, writer, self._origin_request, started), local
+        except EgressRefused:
+            return _Attempt(ok=False, error="EgressRefused"), None
         except (TimeoutError, OSError, _NoAnswer, asyncio.IncompleteReadError, EOFError):
             return _Attempt(ok=False, error="ConnectionError"), None
         finally:

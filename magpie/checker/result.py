@@ -1,4 +1,7 @@
-"""The result of one proxy check, its Redis Stream encoding, and the judge echo it is graded from.
+"""The result of one proxy check and the judge echo it is graded from.
+
+The result's Redis Stream encoding is the entry codec :mod:`magpie.stats.entry` (the only place it is
+written).
 
 Error classes in :attr:`CheckResult.error`:
 
@@ -14,18 +17,17 @@ Error classes in :attr:`CheckResult.error`:
 - ``BadStatus``: the judge (or the proxy) answered with a status other than 200;
 - ``BadEcho``: status 200 but the body is not a judge echo (or is larger than the parse limit);
 - ``Aborted``: the check was stopped (its lease was lost);
-- ``UnsupportedProtocol``: the route's protocol is not one of http, https, socks4, socks5.
+- ``UnsupportedProtocol``: the route's protocol is not one of http, https, socks4, socks5;
+- ``EgressRefused``: the proxy's address (or the judge's) is outside the egress policy: no connection was
+  made (see :mod:`magpie.egress`).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-from magpie.checker.anonymity import LEVELS
 from magpie.routes import Route
 
 CONNECTION_ERRORS = frozenset(
@@ -37,10 +39,6 @@ MAX_ECHO_BYTES = 64 * 1024
 """Bodies above this size are not parsed as an echo (error ``BadEcho``)."""
 
 USER_AGENT = "magpie-checker/1"
-
-_FIELDS = (
-    "alive", "latency_ms", "status", "attempts", "error", "body", "anonymity", "judge", "checked_at_ms"
-)
 
 
 def now_ms() -> int:
@@ -75,75 +73,6 @@ class CheckResult:
     anonymity: str | None
     judge: str
     checked_at_ms: int
-
-    def to_fields(self) -> dict[str, str]:
-        """Flat ``str -> str`` dict for a Redis Stream entry; ``alive`` is "1"/"0", None becomes ""."""
-
-        def s(v) -> str:
-            if v is None:
-                return ""
-            if isinstance(v, float):
-                return repr(v)
-            return str(v)
-
-        return {
-            "alive": "1" if self.alive else "0",
-            "latency_ms": s(self.latency_ms),
-            "status": s(self.status),
-            "attempts": str(self.attempts),
-            "error": s(self.error),
-            "body": s(self.body),
-            "anonymity": s(self.anonymity),
-            "judge": self.judge,
-            "checked_at_ms": str(self.checked_at_ms),
-        }
-
-    @classmethod
-    def from_fields(cls, d: Mapping[str | bytes, str | bytes]) -> CheckResult:
-        """Inverse of :meth:`to_fields`; keys and values may be ``bytes`` (UTF-8), extra keys are ignored.
-
-        Empty strings read back as None (so an empty ``body`` becomes None).
-        Raises ``ValueError`` when a field is missing or malformed.
-        """
-        f: dict[str, str] = {}
-        try:
-            for k, v in d.items():
-                key = k.decode() if isinstance(k, bytes) else str(k)
-                if key in _FIELDS:
-                    f[key] = v.decode() if isinstance(v, bytes) else str(v)
-        except (UnicodeDecodeError, AttributeError) as exc:
-            raise ValueError(f"check result fields are not UTF-8 text: {exc}") from None
-        missing = [k for k in _FIELDS if k not in f]
-        if missing:
-            raise ValueError(f"check result fields missing: {', '.join(missing)}")
-        if f["alive"] not in ("0", "1"):
-            raise ValueError(f"check result alive must be '0' or '1', got {f['alive']!r}")
-        if f["anonymity"] and f["anonymity"] not in LEVELS:
-            raise ValueError(f"check result anonymity unknown: {f['anonymity']!r}")
-        if not f["judge"]:
-            raise ValueError("check result judge is empty")
-        try:
-            latency = float(f["latency_ms"]) if f["latency_ms"] else None
-            status = int(f["status"]) if f["status"] else None
-            attempts = int(f["attempts"])
-            checked_at = int(f["checked_at_ms"])
-        except ValueError as exc:
-            raise ValueError(f"check result number malformed: {exc}") from None
-        if latency is not None and (not math.isfinite(latency) or latency < 0):
-            raise ValueError(f"check result latency_ms out of range: {latency!r}")
-        if attempts < 0:
-            raise ValueError(f"check result attempts negative: {attempts}")
-        return cls(
-            alive=f["alive"] == "1",
-            latency_ms=latency,
-            status=status,
-            attempts=attempts,
-            error=f["error"] or None,
-            body=f["body"] or None,
-            anonymity=f["anonymity"] or None,
-            judge=f["judge"],
-            checked_at_ms=checked_at,
-        )
 
 
 def proxy_url(route: Route) -> str:

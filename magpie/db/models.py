@@ -1,4 +1,4 @@
-"""SQLAlchemy 2 declarative models of magpie's durable data (DESIGN.md, "PostgreSQL").
+"""SQLAlchemy 2 declarative models of magpie's durable data (docs/design.md, "Results and durable data").
 
 The schema itself is owned by the Alembic migrations in ``magpie/db/migrations``; these classes mirror it
 for queries and for ``alembic revision --autogenerate``. ``check_history`` is a PostgreSQL range-partitioned

@@ -4,6 +4,10 @@ Bulk paths send driver-level SQL (``exec_driver_sql``, psycopg2 adapts Python li
 form ``INSERT … SELECT FROM unnest(array, …)`` in chunks: one statement per chunk per table instead of
 one per row. Every write is idempotent (``ON CONFLICT DO
 NOTHING``), so a repeated or concurrent import of the same routes never duplicates or damages rows.
+
+Routes come back as :class:`RouteRecord` (id, hash, route, workspaces); turning one into a Redis schedule
+entry is the caller's business (:func:`magpie.importer.service.schedule_item`), so this storage layer
+knows nothing of the schedule.
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.crypto import Keyring
-from magpie.queue.payload import Payload
 from magpie.routes import Route
 
 IMPORT_CHUNK = 5000
@@ -23,26 +26,28 @@ IMPORT_CHUNK = 5000
 
 
 @dataclass(slots=True)
-class StoredRoute:
-    """One imported route as stored.
+class RouteRecord:
+    """One stored route and the workspaces it belongs to.
 
     Attributes:
         route_id: ``routes.id``.
         route_hash: keyed route hash (24 hex chars).
-        route: the route as passed in (plaintext credentials).
-        workspace_ids: sorted ids of *all* workspaces the route belongs to after the import.
-        new_member: ``True`` if this import added the route to the importing workspace.
+        route: the route with plaintext credentials.
+        workspace_ids: sorted ids of *all* workspaces the route belongs to.
     """
 
     route_id: int
     route_hash: str
     route: Route
     workspace_ids: list[int]
-    new_member: bool
 
-    def payload(self) -> Payload:
-        """The Redis schedule payload for this route (see :mod:`magpie.queue.payload`)."""
-        return Payload(self.route_id, self.route, self.route_hash, list(self.workspace_ids))
+
+@dataclass(slots=True)
+class StoredRoute(RouteRecord):
+    """One imported route as stored: a :class:`RouteRecord` (``workspace_ids`` as after the import) and
+    ``new_member``, ``True`` if this import added the route to the importing workspace."""
+
+    new_member: bool
 
 
 @dataclass(slots=True)
@@ -253,18 +258,18 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
     return out
 
 
-def all_route_payloads(
+def all_route_records(
     engine: Engine, keyring: Keyring, *, include_orphans: bool = False, batch: int = 5000
-) -> Iterator[Payload]:
-    """Yield a schedule :class:`Payload` for every stored route, in route id order (server-side cursor).
+) -> Iterator[RouteRecord]:
+    """Yield a :class:`RouteRecord` for every stored route, in route id order (server-side cursor).
 
-    Credentials are decrypted; ``workspaces`` is the sorted list of the route's workspace ids.
+    Credentials are decrypted; ``workspace_ids`` is the sorted list of the route's workspace ids.
 
     Args:
         engine: engine on the magpie database.
         keyring: decrypts credentials (must derive from the same ``PROXY_ENCRYPTION_KEY`` as the import).
-        include_orphans: also yield routes that belong to no workspace (``workspaces == []``); by default
-            they are skipped, since nothing asks for them to be checked.
+        include_orphans: also yield routes that belong to no workspace (``workspace_ids == []``); by
+            default they are skipped, since nothing asks for them to be checked.
         batch: rows fetched per round trip.
     Raises:
         magpie.crypto.CredentialError: stored credentials do not decrypt with ``keyring``.
@@ -284,4 +289,4 @@ def all_route_payloads(
         result = conn.execution_options(stream_results=True, yield_per=batch).execute(sa.text(sql))
         for rid, rhash, proto, host, port, uenc, penc, ws in result:
             route = Route(proto, host, port, _decrypt(keyring, uenc), _decrypt(keyring, penc))
-            yield Payload(route_id=rid, route=route, route_hash=rhash, workspaces=list(ws))
+            yield RouteRecord(rid, rhash, route, list(ws))

@@ -48,6 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
+from magpie.errors import MagpieError
 from magpie.routes import PROTOCOLS, Route, normalize_host
 
 __all__ = ["InvalidLine", "ParseError", "ParseResult", "parse_file", "parse_line", "parse_lines"]
@@ -78,7 +79,7 @@ _MAX_TEXT = 300  # InvalidLine.text is clipped to this many characters
 _MAX_TOKEN = 40  # tokens quoted in a reason are clipped to this many characters
 
 
-class ParseError(ValueError):
+class ParseError(MagpieError, ValueError):
     """A line that tries to be an address but is malformed.
 
     Attributes:

@@ -12,12 +12,13 @@ from typing import Callable
 
 from magpie.config import Settings
 from magpie.crypto import get_keyring
+from magpie.errors import MagpieError
 from magpie.importer.parse import parse_file
 
 CHUNK = 5000
 
 
-class ImportIncomplete(RuntimeError):
+class ImportIncomplete(MagpieError, RuntimeError):
     """PostgreSQL took the routes but Redis did not schedule them all; re-running the import completes it."""
 
 
@@ -35,6 +36,20 @@ class ImportReport:
 
     def as_json(self) -> dict:
         return asdict(self)
+
+
+def schedule_item(record) -> tuple[str, str]:
+    """The schedule entry of a stored route, as :meth:`magpie.queue.RouteQueue.schedule` takes it.
+
+    Args:
+        record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
+    Returns:
+        ``(route_hash, payload JSON text)`` (see :mod:`magpie.queue.payload`).
+    """
+    from magpie.queue.payload import Payload
+
+    payload = Payload(record.route_id, record.route, record.route_hash, list(record.workspace_ids))
+    return record.route_hash.strip(), payload.encode()
 
 
 def import_file(path, workspace: str, settings: Settings, *, protocol: str = "http", dry_run: bool = False,
@@ -72,7 +87,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         store = upsert_routes(engine, keyring, workspace.strip(), chunk)
         report.imported += len(store.new_members)
         report.duplicates += len(store.already_members)
-        items = [(row.route_hash, row.payload().encode()) for row in store.routes]
+        items = [schedule_item(row) for row in store.routes]
         try:
             queue.schedule(items, total=total, start_index=off)
         except Exception as exc:

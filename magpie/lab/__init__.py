@@ -9,7 +9,6 @@ from magpie.lab.lab import (
     LabError,
     LabProxy,
     find_free_base_port,
-    main,
     start_free_lab,
 )
 
@@ -22,6 +21,5 @@ __all__ = [
     "LabError",
     "LabProxy",
     "find_free_base_port",
-    "main",
     "start_free_lab",
 ]

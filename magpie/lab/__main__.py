@@ -1,5 +1,8 @@
-"""``python -m magpie.lab [--base-port N] [--judge-port N] [--slow-delay S] [--list-file PATH] [--faults]``."""
+"""``python -m magpie.lab [--base-port N] [--judge-port N] [--slow-delay S] [--list-file PATH] [--faults]``:
+the same as ``magpie lab`` (:mod:`magpie.cli.lab`)."""
 
-from magpie.lab.lab import main
+import sys
 
-raise SystemExit(main())
+from magpie.cli import main
+
+main(["lab", *sys.argv[1:]], prog_name="magpie")

@@ -41,7 +41,7 @@ import threading
 from collections.abc import Callable, Mapping
 
 from magpie.lab.forward import _HOP_BY_HOP
-from magpie.lab.lab import LabError, _bindable, _wait_accepting
+from magpie.lab.net import LabError, bindable, wait_accepting
 from magpie.routes import PROTOCOLS
 
 KINDS = ("tarpit", "trickle", "slow", "echo", "refused")
@@ -414,7 +414,7 @@ def find_free_fault_port(host_base: str = DEFAULT_HOST_BASE, lo: int = 20000, hi
     hosts = _hosts(host_base)
     for _ in range(tries):
         base = random.randrange(lo, hi - len(KINDS))
-        if all(_bindable(h, base + i) for i, h in enumerate(hosts)):
+        if all(bindable(h, base + i) for i, h in enumerate(hosts)):
             return base
     raise RuntimeError(f"no free block of {len(KINDS)} ports in [{lo}, {hi}) on {host_base}+")
 
@@ -531,7 +531,7 @@ class FaultLab:
                 raise LabError(f"{kind} port {host}:{port} is not available: {exc}") from None
         self._trickler = _Trickler(loop, self._trickling, TRICKLE_INTERVAL)
         loop.call_soon_threadsafe(self._trickler.start)
-        _wait_accepting([(k, *self.hostport(k)) for k in KINDS[:-1]], START_TIMEOUT)
+        wait_accepting([(k, *self.hostport(k)) for k in KINDS[:-1]], START_TIMEOUT)
 
     async def _shutdown(self) -> None:
         if self._trickler is not None:

@@ -27,21 +27,17 @@ background thread, the judge in a ``ThreadingHTTPServer`` thread; nothing surviv
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import random
-import signal
 import socket
-import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from magpie.checker.judge import JudgeServer, judge_url_of, make_judge_server
 from magpie.lab.forward import ForwardProxy, is_loopback_host
+from magpie.lab.net import LabError, bindable, wait_accepting
 from magpie.routes import Route
 
 DEFAULT_BASE_PORT = 18080
@@ -58,10 +54,6 @@ _FORWARD_POLICIES: dict[str, dict[str, bool]] = {
     "http-anonymous": {"via": True},
     "http-slow": {},
 }
-
-
-class LabError(RuntimeError):
-    """The lab could not start (e.g. a port is taken); the message names the address."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,34 +95,9 @@ def find_free_base_port(lo: int = 20000, hi: int = 40000, tries: int = 200) -> i
     """
     for _ in range(tries):
         base = random.randrange(lo, hi - PROXY_COUNT)
-        if all(_bindable(listen_host(i), base + i) for i in range(PROXY_COUNT)):
+        if all(bindable(listen_host(i), base + i) for i in range(PROXY_COUNT)):
             return base
     raise RuntimeError(f"no free block of {PROXY_COUNT} ports in [{lo}, {hi})")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def _wait_accepting(addrs: list[tuple[str, str, int]], timeout: float) -> None:
-    """Block until every ``(name, host, port)`` accepts a TCP connection; raises LabError on timeout."""
-    deadline = time.monotonic() + timeout
-    pending = list(addrs)
-    while pending:
-        name, host, port = pending[0]
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                pass
-            pending.pop(0)
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                raise LabError(f"{name} on {host}:{port} does not accept connections: {exc}") from None
-            time.sleep(0.05)
 
 
 class Lab:
@@ -226,10 +193,15 @@ class Lab:
         """Start the judge and every proxy; return once all accept connections.
 
         Raises :class:`LabError` naming the address when a port is taken or a listener does not come up
-        (everything already started is stopped again), ``RuntimeError`` when already started.
+        (everything already started is stopped again) or when pproxy (the ``lab`` extra) is not installed,
+        ``RuntimeError`` when already started.
         """
         if self._loop is not None or self._judge is not None:
             raise RuntimeError("lab already started")
+        try:
+            import pproxy  # noqa: F401 - an optional extra: the lab is a development tool
+        except ImportError:
+            raise LabError("the lab needs pproxy: pip install 'magpie[lab]'") from None
         try:
             self._start()
         except BaseException:
@@ -272,7 +244,7 @@ class Lab:
 
         addrs = [("judge", JUDGE_HOST, self._judge.server_address[1])]
         addrs += [(p.name, p.route.host, p.route.port) for p in self.proxies if p.expect_alive]
-        _wait_accepting(addrs, START_TIMEOUT)
+        wait_accepting(addrs, START_TIMEOUT)
 
     async def _shutdown(self) -> None:
         for s in self._servers:
@@ -331,73 +303,3 @@ def start_free_lab(slow_delay: float = 1.0, tries: int = 5) -> Lab:
             last = exc
     assert last is not None
     raise last
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m magpie.lab``: start the lab, print the judge URL and the list, run until SIGINT/SIGTERM.
-
-    With ``--faults`` the fault servers (:class:`magpie.lab.faults.FaultLab`) run too, and a line
-    ``faults: {"tarpit": "host:port", ...}`` follows the judge line; they are not in the proxy list.
-
-    Returns the process exit status (0 after a clean stop, 1 when the lab cannot start).
-    """
-    ap = argparse.ArgumentParser(prog="magpie lab", description="Run a judge and test proxies on loopback.")
-    ap.add_argument(
-        "--base-port", type=int, default=DEFAULT_BASE_PORT, help="first proxy port (8 ports used)"
-    )
-    ap.add_argument("--judge-port", type=int, default=DEFAULT_JUDGE_PORT, help="judge port on 127.0.0.1")
-    ap.add_argument("--slow-delay", type=float, default=3.0, help="seconds the slow proxy waits")
-    ap.add_argument("--list-file", default=None, help="also write the proxy list to this file")
-    ap.add_argument(
-        "--faults", action="store_true",
-        help="also start the fault servers (magpie.lab.faults) on 127.0.0.20-24, ports base-port+8..+12",
-    )
-    args = ap.parse_args(argv)
-
-    lab = Lab(args.base_port, args.judge_port, args.slow_delay)
-    faults = None
-    if args.faults:
-        from magpie.lab.faults import FaultLab
-
-        try:
-            faults = FaultLab(
-                base_port=args.base_port + PROXY_COUNT, slow_delay=args.slow_delay, judge_port=args.judge_port
-            )
-        except ValueError as exc:
-            print(f"magpie lab: {exc}", file=sys.stderr)
-            return 1
-    stop = threading.Event()
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = {}
-    if in_main:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    try:
-        try:
-            lab.start()
-            if faults is not None:
-                faults.start()
-        except LabError as exc:
-            print(f"magpie lab: {exc}", file=sys.stderr)
-            return 1
-        print(f"judge: {lab.judge_url}")
-        if faults is not None:
-            print(f"faults: {json.dumps(faults.addresses)}")
-        if args.list_file:
-            lab.write_list(args.list_file)
-            print(f"list written to {args.list_file}")
-        print(lab.proxy_list_text(), end="")
-        for p in lab.proxies:
-            expect = f"alive, {p.expect_anonymity}" if p.expect_alive else "dead"
-            extra = f", {p.delay:g} s delay" if p.delay else ""
-            print(f"#   {p.name:<17} {p.route.display():<40} expect {expect}{extra}")
-        print("running; Ctrl-C to stop", flush=True)
-        while not stop.wait(0.5):
-            pass
-        return 0
-    finally:
-        if faults is not None:
-            faults.stop()
-        lab.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

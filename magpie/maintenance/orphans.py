@@ -41,6 +41,7 @@ class OrphanRoutesJob(Job):
     description = "remove routes no workspace owns from the Redis schedule and PostgreSQL"
 
     def run(self, ctx: JobContext) -> dict:
+        from magpie.errors import Refusal
         from magpie.queue import QueueError
 
         queue = ctx.queue()
@@ -57,10 +58,10 @@ class OrphanRoutesJob(Job):
                     try:
                         queue.remove_route(rhash.strip())
                     except QueueError as exc:
-                        if exc.code == "active_leases":
+                        if exc.code is Refusal.ACTIVE_LEASES:
                             leased += 1
                             continue
-                        if exc.code != "gone":
+                        if exc.code is not Refusal.GONE:
                             raise
                     ids.append(rid)
                 if ids:

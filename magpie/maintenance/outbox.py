@@ -1,9 +1,9 @@
 """Job ``outbox_cleanup``: delete terminal ``email_outbox`` rows past retention.
 
 Terminal rows are ``sent`` and ``failed`` (the outbox's final statuses); they are deleted once older than
-``MAGPIE_OUTBOX_RETENTION_SECONDS`` (the outbox work's setting; 7 days when absent), measured from
-``sent_at`` or, for failed rows, ``updated_at``. The outbox's own housekeeping already deletes old ``sent``
-rows; this job adds the ``failed`` ones and is a harmless second pass over ``sent``.
+``MAGPIE_OUTBOX_RETENTION_SECONDS``, measured from ``sent_at`` or, for failed rows, ``updated_at``. This
+job is the only place outbox rows are deleted: the outbox's own housekeeping
+(:func:`magpie.outbox.housekeeping`) only ends expired claims.
 
 The table is created by another revision (``0003``): when it does not exist, or lacks the columns used
 here, the pass is skipped and says so.
@@ -46,7 +46,7 @@ class OutboxCleanupJob(Job):
             )
         if not _NEEDED <= cols:
             return {"skipped": f"email_outbox lacks {sorted(_NEEDED - cols)}", "deleted": 0, "complete": True}
-        keep_s = float(getattr(ctx.settings, "outbox_retention_seconds", 7 * 86400))
+        keep_s = float(ctx.settings.outbox_retention_seconds)
         cutoff = ctx.now - timedelta(seconds=keep_s)
         deleted, complete = batched_delete(ctx, _DELETE, {"statuses": list(TERMINAL), "cutoff": cutoff})
         return {"cutoff": cutoff.isoformat(), "deleted": deleted, "complete": complete}

@@ -1,6 +1,6 @@
 """Rebuild the Redis route schedule from PostgreSQL after Redis lost data, by hand or by the ``rebuild`` job.
 
-:func:`rebuild_schedule` feeds every route some workspace owns (:func:`magpie.db.repo.all_route_payloads`) to
+:func:`rebuild_schedule` feeds every route some workspace owns (:func:`magpie.db.repo.all_route_records`) to
 :meth:`magpie.queue.RouteQueue.schedule` in chunks. ``schedule`` adds a missing route with a first due
 time spread over the check interval (route *i* of *n* due at now + i * interval / n) and never resets a
 route still present (its due time, lease and payload stay; only workspace ids are merged in), nor
@@ -73,7 +73,8 @@ def rebuild_schedule(
             re-running finishes the job).
     """
     from magpie.crypto import get_keyring
-    from magpie.db.repo import all_route_payloads
+    from magpie.db.repo import all_route_records
+    from magpie.importer.service import schedule_item
     from magpie.queue import RouteQueue
 
     if engine is None:
@@ -108,10 +109,10 @@ def rebuild_schedule(
         out["routes"] += len(buf)
         buf.clear()
 
-    payloads = all_route_payloads(engine, keyring, batch=chunk)
+    records = all_route_records(engine, keyring, batch=chunk)
     try:
-        for p in payloads:
-            buf.append((p.route_hash.strip(), p.encode()))
+        for rec in records:
+            buf.append(schedule_item(rec))
             if len(buf) >= chunk:
                 flush()
                 if cancel is not None and cancel.is_set():
@@ -120,7 +121,7 @@ def rebuild_schedule(
         if buf and out["complete"]:
             flush()
     finally:
-        payloads.close()
+        records.close()
     if out["complete"]:
         queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
     out["seconds"] = round(time.monotonic() - t0, 3)

@@ -18,7 +18,7 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.leader import LeaderLock
+from magpie.leader import LeaderLock, locks_held
 from magpie.maintenance.base import Job, JobContext
 
 log = logging.getLogger(__name__)
@@ -206,10 +206,7 @@ def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis
     rows = {r["job"]: r for r in read_job_status(engine)}
     cadences = parse_cadences(settings.maintenance_cadences)
     try:
-        pipe = redis.pipeline(transaction=False)
-        for j in JOBS.values():
-            pipe.exists(f"{settings.redis_prefix}leader:{j.lock}")
-        held = [bool(x) for x in pipe.execute()]
+        held: list = locks_held(redis, settings.redis_prefix, [j.lock for j in JOBS.values()])
     except redis_lib.RedisError:
         held = [None] * len(JOBS)
     out = []

@@ -1,8 +1,10 @@
-"""The email outbox (DESIGN.md: ``outbox/``): durable emails in PostgreSQL, sent by per-instance workers.
+"""The email outbox (docs/design.md, "Layout"): durable emails in PostgreSQL, sent by per-instance workers.
 
 Public API: :func:`enqueue` / :func:`enqueue_email`, :func:`send_one`, :func:`run_outbox_workers`,
 :func:`housekeeping` / :func:`run_housekeeping`, :func:`list_outbox`, :func:`outbox_counts`,
 :func:`retry_email`, and invitations (:func:`create_invitation`, :func:`find_valid_invitation`).
+Claims, retries and listing use the shared :mod:`magpie.claims`; old sent and failed rows are deleted by
+the ``outbox_cleanup`` maintenance job.
 """
 
 from magpie.outbox.invitations import Invitation, create_invitation, find_valid_invitation

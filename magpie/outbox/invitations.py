@@ -5,8 +5,8 @@ The invitation is valid from that commit until it expires, is accepted or is rev
 the email (pending, retried, failed): an operator can hand the token over another way.
 
 Tokens: ``secrets.token_urlsafe(32)``; only ``token_hash`` (SHA-256 hex of the token's UTF-8 bytes) is
-stored in ``invitations``. The email body carries the token, so the outbox row holds it until housekeeping
-deletes the sent row after ``MAGPIE_OUTBOX_RETENTION_SECONDS``.
+stored in ``invitations``. The email body carries the token, so the outbox row holds it until the
+``outbox_cleanup`` maintenance job deletes the sent row after ``MAGPIE_OUTBOX_RETENTION_SECONDS``.
 """
 
 from __future__ import annotations

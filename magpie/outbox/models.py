@@ -2,32 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.orm import Mapped, mapped_column
 
+from magpie.claims.models import ClaimableRow
 from magpie.db.models import Base
-
-_now = sa.text("now()")
-TSTZ = sa.DateTime(timezone=True)
-
-
-class ClaimableRow:
-    """Columns of a row claimed with ``SKIP LOCKED`` and a claim token (see :mod:`magpie.outbox.claims`);
-    shared by ``email_outbox`` and ``alert_deliveries``."""
-
-    status: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="pending")
-    attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="0")
-    max_attempts: Mapped[int] = mapped_column(sa.SmallInteger, nullable=False, server_default="4")
-    next_attempt_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    claim_token: Mapped[str | None] = mapped_column(pg.UUID(as_uuid=False), nullable=True)
-    claim_expires_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
-    last_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
-    sent_at: Mapped[datetime | None] = mapped_column(TSTZ, nullable=True)
 
 
 class EmailOutbox(ClaimableRow, Base):

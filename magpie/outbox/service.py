@@ -8,8 +8,12 @@
   jitter) until ``max_attempts``; a permanent SMTP refusal fails the row at once.
 * :func:`run_outbox_workers` runs ``MAGPIE_EMAIL_WORKERS`` threads of :func:`send_one` in parallel.
 * :func:`housekeeping` (run by :func:`run_housekeeping` under the ``outbox-housekeeping`` leader lock)
-  returns expired claims to ``pending`` (or ``failed`` once attempts are used up) and deletes ``sent``
-  rows older than ``MAGPIE_OUTBOX_RETENTION_SECONDS``.
+  returns expired claims to ``pending`` (or ``failed`` once attempts are used up). Sent and failed rows
+  past ``MAGPIE_OUTBOX_RETENTION_SECONDS`` are deleted by the ``outbox_cleanup`` maintenance job
+  (:mod:`magpie.maintenance.outbox`), the one place outbox rows are deleted.
+
+Claiming, recording, retries and listing are the shared machinery of :mod:`magpie.claims`
+(:data:`OUTBOX` is this table's :class:`~magpie.claims.ClaimTable`).
 
 Delivery is at least once: a worker that dies after the SMTP server accepted a message but before
 recording it leaves a claim that expires and is sent again, with the same ``Message-ID``.
@@ -17,7 +21,6 @@ recording it leaves a claim that expires and is sent again, with the same ``Mess
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections import Counter
@@ -29,14 +32,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.backoff import Backoff
-from magpie.outbox import claims
+from magpie.claims import Claim, ClaimTable, Outcome, retry_curve, run_workers
 from magpie.outbox.smtp import PermanentSmtpError, SmtpError, build_message, send_message
-from magpie.outbox.workers import run_workers
 
-log = logging.getLogger(__name__)
-
-TABLE = "email_outbox"
-STATUSES = ("pending", "processing", "sent", "failed")
+OUTBOX = ClaimTable(
+    "email_outbox",
+    noun="outbox row",
+    list_columns="id, kind, recipient, subject, status, attempts, max_attempts, next_attempt_at, "
+                 "claim_expires_at, last_error, created_at, sent_at",
+    list_filters={"kind": ("t.kind", "text")},
+)
+"""The outbox table's claims: rows are claimed one at a time; expired claims return through housekeeping."""
 
 
 def _clean_header(value: str, what: str) -> str:
@@ -118,10 +124,19 @@ def enqueue_email(engine: Engine, settings, recipient: str, subject: str, body: 
 
 
 def backoff_for(settings) -> Backoff:
-    """The email retry curve: exponential from ``MAGPIE_EMAIL_BACKOFF_BASE`` to ``..._CAP`` (equal jitter,
-    so a retry is never due immediately)."""
-    base = int(settings.email_backoff_base * 1000)
-    return Backoff("exponential", base, max(base, int(settings.email_backoff_cap * 1000)), 2.0, "equal")
+    """The email retry curve: :func:`magpie.claims.retry_curve` from ``MAGPIE_EMAIL_BACKOFF_BASE`` to
+    ``MAGPIE_EMAIL_BACKOFF_CAP`` seconds."""
+    return retry_curve(settings.email_backoff_base, settings.email_backoff_cap)
+
+
+def _send(claim: Claim, settings, sender) -> Outcome:
+    try:
+        sender(build_message(claim.row, settings.smtp_from), settings)
+    except PermanentSmtpError as exc:
+        return Outcome(False, str(exc), permanent=True)
+    except SmtpError as exc:
+        return Outcome(False, str(exc))
+    return Outcome(True)
 
 
 def send_one(engine: Engine, settings, *, now: datetime | None = None, sender=send_message,
@@ -132,36 +147,16 @@ def send_one(engine: Engine, settings, *, now: datetime | None = None, sender=se
         engine: PostgreSQL engine.
         settings: :class:`magpie.config.Settings` (SMTP and email settings).
         now: current time for claiming and scheduling (``None``: database now).
-        sender: ``sender(EmailMessage, settings)``; raises :class:`~magpie.outbox.smtp.SmtpError` on failure.
+        sender: ``sender(EmailMessage, settings)``; raises :class:`~magpie.outbox.smtp.SmtpError` on failure
+            (any other exception counts as a retryable failure too).
         backoff: retry curve (default :func:`backoff_for`).
     Returns:
         ``None`` if nothing was due, else ``"sent"``, ``"retry"``, ``"failed"`` or ``"stale"`` (the claim
         was lost before the outcome could be recorded; the row belongs to a newer claim).
     """
-    with engine.begin() as conn:
-        got = claims.claim(conn, TABLE, limit=1, claim_seconds=settings.email_claim_seconds, now=now)
-    if not got:
-        return None
-    c = got[0]
-    ok, permanent, error = True, False, None
-    try:
-        sender(build_message(c.row, settings.smtp_from), settings)
-    except PermanentSmtpError as exc:
-        ok, permanent, error = False, True, str(exc)
-    except SmtpError as exc:
-        ok, error = False, str(exc)
-    except Exception as exc:  # noqa: BLE001 - an unexpected sender failure is a retryable error
-        ok, error = False, f"{exc.__class__.__name__}: {exc}"
-    delay = 0.0 if ok else (backoff or backoff_for(settings)).delay(c.attempts) / 1000
-    with engine.begin() as conn:
-        status = claims.record(conn, TABLE, c.id, c.token, ok=ok, error=error, retry_delay_s=delay,
-                               permanent=permanent, now=now)
-    if status is None:
-        log.warning("outbox row %s: claim lost before recording (%s)", c.id, "sent" if ok else error)
-        return "stale"
-    if not ok:
-        log.info("outbox row %s attempt %s/%s failed: %s", c.id, c.attempts, c.max_attempts, error)
-    return {"sent": "sent", "pending": "retry", "failed": "failed"}[status]
+    return OUTBOX.process_one(engine, lambda c: _send(c, settings, sender),
+                              claim_seconds=settings.email_claim_seconds,
+                              backoff=backoff or backoff_for(settings), now=now)
 
 
 def run_outbox_workers(engine: Engine, settings, n: int | None = None, *, now: datetime | None = None,
@@ -182,45 +177,21 @@ def run_outbox_workers(engine: Engine, settings, n: int | None = None, *, now: d
 
 @dataclass(frozen=True, slots=True)
 class HousekeepingReport:
-    """What one housekeeping pass did: expired claims ``returned`` to pending / ``failed``, sent rows
-    ``deleted``."""
+    """What one housekeeping pass did: expired claims ``returned`` to pending and ``failed`` (their final
+    attempt expired)."""
 
     returned: int
     failed: int
-    deleted: int
 
 
 def housekeeping(engine: Engine, settings, *, now: datetime | None = None, batch: int = 1000,
                  cancel: threading.Event | None = None) -> HousekeepingReport:
-    """Return expired claims (respecting ``max_attempts``) and delete ``sent`` rows past retention.
+    """Return expired claims to ``pending``, or make them ``failed`` when no attempt is left.
 
     Works in batches of ``batch`` rows per transaction; stops early when ``cancel`` is set (leadership lost).
+    ``settings`` is accepted for symmetry with the other outbox jobs; nothing in it is read.
     """
-    returned = failed = deleted = 0
-    while not (cancel and cancel.is_set()):
-        with engine.begin() as conn:
-            r, f = claims.release_expired(conn, TABLE, now=now, limit=batch)
-        returned, failed = returned + r, failed + f
-        if r + f < batch:
-            break
-    while not (cancel and cancel.is_set()):
-        with engine.begin() as conn:
-            n = conn.execute(
-                sa.text(
-                    """
-                    DELETE FROM email_outbox WHERE id IN (
-                        SELECT id FROM email_outbox
-                        WHERE status = 'sent'
-                          AND sent_at < COALESCE(CAST(:now AS timestamptz), now()) - make_interval(secs => :keep)
-                        LIMIT :batch FOR UPDATE SKIP LOCKED)
-                    """
-                ),
-                {"now": now, "keep": float(settings.outbox_retention_seconds), "batch": batch},
-            ).rowcount
-        deleted += n
-        if n < batch:
-            break
-    return HousekeepingReport(returned, failed, deleted)
+    return HousekeepingReport(*OUTBOX.release_expired(engine, now=now, batch=batch, cancel=cancel))
 
 
 def run_housekeeping(redis_client, engine: Engine, settings, *, now: datetime | None = None,
@@ -239,34 +210,17 @@ def run_housekeeping(redis_client, engine: Engine, settings, *, now: datetime | 
 
 def list_outbox(engine: Engine, *, status: str | None = None, kind: str | None = None,
                 limit: int = 50) -> list[dict]:
-    """Newest outbox rows first (without bodies), optionally filtered by ``status`` and ``kind``."""
-    if status is not None and status not in STATUSES:
-        raise ValueError(f"status must be one of {STATUSES}")
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.text(
-                """
-                SELECT id, kind, recipient, subject, status, attempts, max_attempts, next_attempt_at,
-                       claim_expires_at, last_error, created_at, sent_at
-                FROM email_outbox
-                WHERE (CAST(:st AS text) IS NULL OR status = :st) AND (CAST(:k AS text) IS NULL OR kind = :k)
-                ORDER BY id DESC LIMIT :lim
-                """
-            ),
-            {"st": status, "k": kind, "lim": int(limit)},
-        )
-        return [dict(r) for r in rows.mappings()]
+    """Newest outbox rows first (without bodies), optionally filtered by ``status`` and ``kind``.
+
+    Raises ``ValueError`` for an unknown status."""
+    return OUTBOX.list_rows(engine, status=status, limit=limit, kind=kind)
 
 
 def outbox_counts(engine: Engine) -> dict[str, int]:
     """Rows per status, every status present (0 when none)."""
-    with engine.connect() as conn:
-        got = dict(conn.execute(sa.text("SELECT status, count(*) FROM email_outbox GROUP BY status")).all())
-    return {s: int(got.get(s, 0)) for s in STATUSES}
+    return OUTBOX.counts(engine)
 
 
 def retry_email(engine: Engine, row_id: int, *, now: datetime | None = None) -> bool:
     """Operator action: give a ``failed`` row one more attempt, due now. False if it is not ``failed``."""
-    with engine.begin() as conn:
-        return claims.retry_failed(conn, TABLE, row_id, now=now)
-
+    return OUTBOX.retry(engine, row_id, now=now)

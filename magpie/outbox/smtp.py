@@ -19,8 +19,10 @@ import ssl
 from email.message import EmailMessage
 from email.utils import format_datetime, formatdate
 
+from magpie.errors import MagpieError
 
-class SmtpError(Exception):
+
+class SmtpError(MagpieError):
     """Sending failed; ``str(exc)`` is kept as the row's ``last_error``."""
 
 

@@ -9,15 +9,16 @@ from __future__ import annotations
 
 from typing import Iterable, Protocol, Sequence, runtime_checkable
 
-from magpie.queue.routequeue import Lease
+from magpie.queue.lease import Lease
 
 
 @runtime_checkable
 class QueueBackend(Protocol):
     """Operations of a recurring, lease-fenced route schedule. Times in Unix ms, delays in ms.
 
-    Refusals raise :class:`magpie.queue.QueueError` (``LeaseLost`` for a stale holder) with a typed
-    ``code``; batch ``complete`` returns per-item codes (1 completed, -1 lease lost, -2 gone).
+    Refusals raise :class:`magpie.queue.QueueError` (``LeaseLost`` for a stale holder) whose ``code`` is a
+    :class:`magpie.errors.Refusal`; batch ``complete`` returns per-item codes (1 completed, or the
+    refusal codes ``LEASE_LOST`` and ``GONE``).
     """
 
     interval_ms: int

@@ -14,12 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from magpie.errors import MagpieError
 from magpie.routes import PROTOCOLS, Route
 
 PAYLOAD_VERSION = 1
 
 
-class PayloadError(ValueError):
+class PayloadError(MagpieError, ValueError):
     """A stored payload is not valid JSON of a known version."""
 
 

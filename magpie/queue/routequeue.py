@@ -3,123 +3,25 @@
 The lease score a claim returns (``expiry_ms + 0.5``, a string so the ``.5`` survives) is the fencing
 token: renew, complete, complete-with-payload, retry, progress, log and remove take effect only while
 the stored score still equals it (DESIGN.md invariants 1-7). A refused call changes nothing, raises a
-typed :class:`QueueError` and fires the lease's cancellation token, so the running check stops at its
-next attempt boundary. Scores travel as strings end to end; Python never rounds them.
+typed :class:`QueueError` (:mod:`magpie.queue.refusals` maps the script's code) and fires the lease's
+cancellation token, so the running check stops at its next attempt boundary. Scores travel as strings
+end to end; Python never rounds them.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
 
 import redis
 
+from magpie.errors import Refusal
+from magpie.queue import reads
 from magpie.queue.keys import QueueKeys
+from magpie.queue.lease import Lease
+from magpie.queue.lease import text as _s
+from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueError, is_refusal, refusal
 from magpie.queue.scripts import Scripts
-
-COMPLETED, REMOVED = 1, 2
-LEASE_LOST, GONE, PAYLOAD_CHANGED, BAD_PAYLOAD, LEASED, DEAD, NOT_DEAD, ACTIVE_LEASE = (
-    -1, -2, -3, -4, -5, -6, -7, -8)
-REASONS = {
-    LEASE_LOST: "lease_lost", GONE: "gone", PAYLOAD_CHANGED: "payload_changed", BAD_PAYLOAD: "bad_payload",
-    LEASED: "leased", DEAD: "dead", NOT_DEAD: "not_dead", ACTIVE_LEASE: "active_leases",
-}
-
-
-class QueueError(RuntimeError):
-    """A queue call was refused and changed nothing.
-
-    ``code`` is one of: ``lease_lost`` (stale holder), ``gone`` (route removed), ``payload_changed``
-    (concurrent import since the claim), ``bad_payload``, ``leased`` (a check is running),
-    ``dead`` (dead-lettered), ``not_dead``, ``active_leases`` (live leases block the operation),
-    ``not_paused`` (obliterate needs a paused queue).
-    """
-
-    def __init__(self, code: str, member: str = ""):
-        super().__init__(f"{code}: route {member}" if member else code)
-        self.code = code
-        self.member = member
-
-
-class LeaseLost(QueueError):
-    """The caller no longer holds the lease (it expired and another holder claimed the route)."""
-
-
-def _refusal(code: int, member: str) -> QueueError:
-    return (LeaseLost if code == LEASE_LOST else QueueError)(REASONS[code], member)
-
-
-@dataclass(slots=True)
-class Lease:
-    """One claimed route, as returned by :meth:`RouteQueue.pop`.
-
-    Attributes:
-        member: route hash (the sorted-set member).
-        payload: the payload text as stored at claim time (the worker's original snapshot).
-        previous_score: score before the claim (due ms; ``.25`` a retry due time, ``.5`` an expired lease).
-        lease_score: the fencing token, ``'<expiry ms>.50'``.
-        shard: shard key the member lives in.
-        stalled: True when this claim re-took an expired lease (the previous holder vanished).
-        retry_attempts: backoff retries already made for this route (0 for an ordinary cycle).
-        server_offset_ms: Redis server clock minus this process's clock at claim time (ms).
-    The cancellation token (:meth:`cancel`, :attr:`cancelled`) is process-local and not serialised.
-    """
-
-    member: str
-    payload: str
-    previous_score: str
-    lease_score: str
-    shard: str
-    stalled: bool = False
-    retry_attempts: int = 0
-    server_offset_ms: float = 0.0
-    _token: threading.Event | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def expires_at_ms(self) -> float:
-        """Lease expiry on the Redis server clock (Unix ms)."""
-        return float(self.lease_score) - 0.5
-
-    def remaining_ms(self) -> float:
-        """Estimated ms left on the lease, corrected by the server clock offset seen at claim time."""
-        return self.expires_at_ms - (time.time() * 1000 + self.server_offset_ms)
-
-    @property
-    def cancelled(self) -> bool:
-        """True once a fenced call on this lease was refused: the check should stop."""
-        return self._token is not None and self._token.is_set()
-
-    @property
-    def token(self) -> threading.Event:
-        """The cancellation token (an Event, created on first use) for a check to wait on."""
-        if self._token is None:
-            self._token = threading.Event()
-        return self._token
-
-    def cancel(self) -> None:
-        self.token.set()
-
-    def to_dict(self) -> dict:
-        """JSON-safe dict for a Celery message (without the cancellation token)."""
-        return {"member": self.member, "payload": self.payload, "previous_score": self.previous_score,
-                "lease_score": self.lease_score, "shard": self.shard, "stalled": self.stalled,
-                "retry_attempts": self.retry_attempts, "server_offset_ms": self.server_offset_ms}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "Lease":
-        return cls(**d)
-
-
-def _s(v) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
-def is_lease_score(score: float | str | None) -> bool:
-    """True when ``score`` carries the ``.5`` lease marker."""
-    return score is not None and float(score) % 1 == 0.5
 
 
 class RouteQueue:
@@ -171,8 +73,9 @@ class RouteQueue:
         self.r.set(self.keys.layout, want, nx=True)
         have = _s(self.r.get(self.keys.layout) or want)
         if have != want:
-            raise QueueError("layout_mismatch", f"(schedule has {have} shards, PROXY_QUEUE_SHARDS={want}; "
-                                                 f"keep {have}, or rebuild after `magpie queue obliterate`)")
+            raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
+                f"schedule has {have} shards, PROXY_QUEUE_SHARDS={want}; "
+                f"keep {have}, or rebuild after `magpie queue obliterate`"))
 
     def _now(self) -> int:
         return int(self.clock()) if self.clock else 0
@@ -203,10 +106,10 @@ class RouteQueue:
         return [Lease(m, p, prev, lease_s, shard, bool(f & 1), f >> 1, offset) for m, p, prev, shard, f in raw[5:]]
 
     def _fenced(self, lease: Lease, res):
-        if isinstance(res, int) and res < 0:
+        if is_refusal(res):
             if res in (LEASE_LOST, GONE):
                 lease.cancel()
-            raise _refusal(res, lease.member)
+            raise refusal(res, lease.member)
         return res
 
     def renew(self, lease: Lease, lease_ms: int | None = None) -> Lease:
@@ -222,7 +125,7 @@ class RouteQueue:
     def renew_many(self, leases: Sequence[Lease], lease_ms: int | None = None) -> list[int]:
         """Extend many leases in one round trip (``renew.lua`` per lease, pipelined).
 
-        Returns one code per lease: 1 renewed (its ``lease_score`` updated), -1 lease lost, -2 gone;
+        Returns one code per lease: 1 renewed (its ``lease_score`` updated), ``LEASE_LOST``, ``GONE``;
         refused leases get their cancellation token fired.
         """
         if not leases:
@@ -233,7 +136,7 @@ class RouteQueue:
             self._one(self.scripts.renew, le.shard, [self._now(), le.member, le.lease_score, ms], client=pipe)
         out = []
         for le, res in zip(leases, pipe.execute(raise_on_error=False)):
-            if isinstance(res, int) and res < 0:
+            if is_refusal(res):
                 le.cancel()
                 out.append(res)
             elif isinstance(res, Exception):
@@ -246,8 +149,8 @@ class RouteQueue:
 
     def release(self, leases: Sequence[Lease]) -> list[int]:
         """Hand leases back unchecked (``release.lua``): each route is claimable again at once, with its
-        previous due time, and no stall is counted. Returns one code per lease: 1 released, -1 lease
-        lost, -2 gone."""
+        previous due time, and no stall is counted. Returns one code per lease: 1 released,
+        ``LEASE_LOST`` or ``GONE`` (:class:`magpie.errors.Refusal` codes)."""
         if not leases:
             return []
         args: list = [self._now()]
@@ -261,7 +164,7 @@ class RouteQueue:
     def complete(self, leases: Sequence[Lease], interval_ms: int | None = None) -> list[int]:
         """Finish the cycles of ``leases`` in one script call (``complete.lua``); writes no payload.
 
-        Returns one code per lease: 1 completed, -1 lease lost (stale; nothing changed), -2 gone.
+        Returns one code per lease: 1 completed, ``LEASE_LOST`` (stale; nothing changed), ``GONE``.
         Refused leases get their cancellation token fired.
         """
         if not leases:
@@ -279,7 +182,7 @@ class RouteQueue:
         """Complete a single lease; raises :class:`LeaseLost` / :class:`QueueError` when refused."""
         code = self.complete([lease])[0]
         if code != COMPLETED:
-            raise _refusal(code, lease.member)
+            raise refusal(code, lease.member)
 
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
         """Complete ``lease`` and apply the worker's ownership change (``complete_payload.lua``).
@@ -355,8 +258,8 @@ class RouteQueue:
 
     def _at(self, member: str, mode: str, value: int) -> int:
         res = self._one(self.scripts.enqueue_at, self.keys.shard_of(member), [self._now(), member, mode, int(value)])
-        if isinstance(res, int):
-            raise _refusal(res, member)
+        if is_refusal(res):
+            raise refusal(res, member)
         return int(float(_s(res)))
 
     def enqueue_at(self, member: str, at_ms: int) -> int:
@@ -436,12 +339,12 @@ class RouteQueue:
         ``force``.
         """
         k = self.keys
-        status, deleted = self.scripts.obliterate(keys=self._core + [k.layout] + k.all_shards(), args=[
+        res = self.scripts.obliterate(keys=self._core + [k.layout] + k.all_shards(), args=[
             self._now(), k.payload_prefix, k.logs_prefix, int(batch), "1" if force else "0"])
-        status = _s(status)
-        if status in ("not_paused", "active_leases"):
-            raise QueueError(status)
-        return status, int(deleted)
+        if is_refusal(res):
+            raise refusal(res)
+        status, deleted = res
+        return _s(status), int(deleted)
 
     def remove_route(self, member: str, force: bool = False) -> None:
         """Operator removal of one route. Raises :class:`QueueError` ``gone``, or ``active_leases``
@@ -449,42 +352,32 @@ class RouteQueue:
         k = self.keys
         res = int(self._one(self.scripts.admin_remove, k.shard_of(member), [
             self._now(), k.payload_prefix, k.logs_prefix, member, "1" if force else "0"]))
-        if res < 0:
-            raise _refusal(res, member)
+        if is_refusal(res):
+            raise refusal(res, member)
 
     def update(self, member: str, payload: str) -> None:
         """Operator replacement of a route's payload; the schedule is untouched. Raises ``gone``."""
         res = int(self.scripts.update(keys=self._core, args=[self.keys.payload_prefix, member, payload]))
-        if res < 0:
-            raise _refusal(res, member)
+        if is_refusal(res):
+            raise refusal(res, member)
 
     def dead_letters(self, limit: int = 100) -> list[dict]:
         """Dead-lettered routes, oldest first: ``[{"member", "dead_at_ms", "reason", "stalls"}]``."""
-        rows = self.r.zrange(self.keys.dead, 0, limit - 1, withscores=True)
-        infos = self.r.hmget(self.keys.dead_info, [m for m, _ in rows]) if rows else []
-        out = []
-        for (m, sc), info in zip(rows, infos):
-            d = json.loads(info) if info else {}
-            out.append({"member": _s(m), "dead_at_ms": int(sc), "reason": d.get("reason"),
-                        "stalls": d.get("stalls")})
-        return out
+        return reads.dead_letters(self.r, self.keys, limit)
 
     def reprocess(self, member: str) -> int:
         """Put a dead-lettered route back, due now, stall count reset. Returns its due time (ms).
         Raises :class:`QueueError` ``not_dead`` or ``gone``."""
         res = self._one(self.scripts.reprocess, self.keys.shard_of(member),
                         [self._now(), member, self.keys.payload_prefix])
-        if isinstance(res, int):
-            raise _refusal(res, member)
+        if is_refusal(res):
+            raise refusal(res, member)
         return int(float(_s(res)))
 
-    # -- reads ---------------------------------------------------------------------------------------
+    # -- reads (magpie.queue.reads) ----------------------------------------------------------------
     def server_time_ms(self) -> int:
         """Now in Unix ms: the Redis server clock (or the test clock)."""
-        if self.clock:
-            return int(self.clock())
-        s, us = self.r.time()
-        return int(s) * 1000 + int(us) // 1000
+        return int(self.clock()) if self.clock else reads.server_time_ms(self.r)
 
     def score(self, member: str) -> str | None:
         """Current score of a route as a '%.2f' string, or None when not scheduled."""
@@ -492,86 +385,14 @@ class RouteQueue:
         return None if v is None else f"{v:.2f}"
 
     def payload(self, member: str) -> str | None:
+        """The stored payload text of a route, or None."""
         v = self.r.get(self.keys.payload(member))
         return None if v is None else _s(v)
 
     def inspect(self, member: str) -> dict:
-        """Everything known about one route: ``{"member", "payload", "score", "state", "stalls",
-        "retries", "progress", "logs", "dead"}``. ``state`` is one of ``due``, ``waiting``, ``retry``,
-        ``leased``, ``lease_expired``, ``dead``, ``gone``."""
-        k = self.keys
-        now = self.server_time_ms()
-        p = self.r.pipeline(transaction=False)
-        p.get(k.payload(member))
-        p.zscore(k.shard_of(member), member)
-        p.hget(k.stalls, member)
-        p.hget(k.retries, member)
-        p.hget(k.progress, member)
-        p.lrange(k.logs_prefix + member, -20, -1)
-        p.zscore(k.dead, member)
-        p.hget(k.dead_info, member)
-        payload, score, stalls, retries, progress, logs, dead_at, dead_info = p.execute()
-        if score is not None:
-            if is_lease_score(score):
-                state = "leased" if score > now else "lease_expired"
-            elif score % 1 == 0.25:
-                state = "retry"
-            else:
-                state = "due" if score <= now else "waiting"
-        elif dead_at is not None:
-            state = "dead"
-        else:
-            state = "gone"
-        return {
-            "member": member, "payload": _s(payload) if payload is not None else None,
-            "score": None if score is None else f"{score:.2f}", "state": state,
-            "stalls": int(stalls or 0), "retries": int(retries or 0),
-            "progress": _s(progress) if progress is not None else None, "logs": [_s(x) for x in logs],
-            "dead": {"at_ms": int(dead_at), **json.loads(dead_info)} if dead_at is not None and dead_info else None,
-        }
+        """Everything known about one route now (:func:`magpie.queue.reads.inspect`)."""
+        return reads.inspect(self.r, self.keys, member, self.server_time_ms())
 
     def status(self) -> dict:
-        """Per-shard counts for operators (not on the hot path).
-
-        Returns ``{"now_ms", "paused", "shards": [{"shard", "scheduled", "leased", "expired_leases",
-        "due_now", "next_due_ms", "oldest_lateness_s"}], "totals": {...}}``. ``leased`` counts live leases
-        and ``expired_leases`` leases past expiry not yet re-claimed (from the lease index); ``due_now``
-        counts every claimable member (ordinary due routes and expired leases); lateness is now minus the
-        oldest claimable score, in seconds.
-        """
-        now = self.server_time_ms()
-        k = self.keys
-        pipe = self.r.pipeline(transaction=False)
-        for shard in k.all_shards():
-            pipe.zcard(shard)
-            pipe.zrangebyscore(shard, "-inf", now, start=0, num=1, withscores=True)
-            pipe.zcount(shard, "-inf", now)
-            pipe.zrangebyscore(shard, f"({now}", "+inf", withscores=True, start=0, num=1)
-        pipe.zrangebyscore(k.leased, "-inf", "+inf", withscores=True)
-        pipe.zcard(k.dead)
-        pipe.exists(k.paused)
-        res = pipe.execute()
-        lease_rows, dead, paused = res[-3:]
-        per_shard: dict[str, list[int]] = {}
-        for m, sc in lease_rows:
-            entry = per_shard.setdefault(k.shard_of(_s(m)), [0, 0])
-            entry[0 if sc > now else 1] += 1
-        shards = []
-        for i, shard in enumerate(k.all_shards()):
-            card, oldest, due, nxt = res[4 * i: 4 * i + 4]
-            live, expired = per_shard.get(shard, [0, 0])
-            shards.append({
-                "shard": shard, "scheduled": int(card), "leased": live, "expired_leases": expired,
-                "due_now": int(due), "next_due_ms": int(nxt[0][1]) if nxt else None,
-                "oldest_lateness_s": round((now - oldest[0][1]) / 1000, 3) if oldest else 0.0,
-            })
-        totals = {
-            "scheduled": sum(s["scheduled"] for s in shards),
-            "leased": sum(s["leased"] for s in shards),
-            "expired_leases": sum(s["expired_leases"] for s in shards),
-            "due_now": sum(s["due_now"] for s in shards),
-            "dead": int(dead),
-            "next_due_ms": min((s["next_due_ms"] for s in shards if s["next_due_ms"]), default=None),
-            "oldest_lateness_s": max((s["oldest_lateness_s"] for s in shards), default=0.0),
-        }
-        return {"now_ms": now, "paused": bool(paused), "shards": shards, "totals": totals}
+        """Per-shard counts now (:func:`magpie.queue.reads.status`)."""
+        return reads.status(self.r, self.keys, self.server_time_ms())

@@ -1,39 +1,51 @@
 """Statistics ingestion: check results travel through a Redis Stream into PostgreSQL.
 
-See :mod:`magpie.stats.stream` for the entry format, the consumer-group protocol and the guarantees
-(ack after commit, replay ledger, pending recovery, dead letters, the producer's bound and overflow
-policy) and :mod:`magpie.stats.upkeep` for the replay floor, ledger retirement and consumer cleanup.
+One module per concern:
+
+* :mod:`magpie.stats.entry`: the entry format, one codec from a check result to stream fields and back;
+* :mod:`magpie.stats.producer`: publish entries under a bound with an overflow policy;
+* :mod:`magpie.stats.consumer`: read through the consumer group, recover pending entries, dead-letter,
+  acknowledge after commit;
+* :mod:`magpie.stats.store`: the PostgreSQL transaction (history, current health, replay ledger);
+* :mod:`magpie.stats.status`: backlog figures for status output and metrics;
+* :mod:`magpie.stats.upkeep`: replay floor, ledger retirement, trimming, idle consumers;
+* :mod:`magpie.stats.drain`: one ingestion run, consumer batches until the backlog is read;
+* :mod:`magpie.stats.keys` and :mod:`magpie.stats.scripts`: the names and the Lua scripts they share.
 """
 
-from magpie.stats.stream import (
-    GROUP,
-    OVERFLOW_POLICIES,
-    CheckResult,
-    IngestReport,
+from magpie.stats.consumer import IngestReport, ensure_group, ingest
+from magpie.stats.entry import (
+    DeadLetter,
     MalformedEntry,
-    PublishReport,
-    dead_key,
+    StreamEntry,
+    decode_result,
     encode_result,
-    ensure_group,
-    ingest,
+    entry_fields,
     parse_entry,
-    pending_summary,
+)
+from magpie.stats.keys import GROUP, dead_key, stream_key
+from magpie.stats.producer import (
+    OVERFLOW_POLICIES,
+    PublishReport,
     publish,
     publish_entries,
     publish_with_settings,
-    stream_key,
 )
+from magpie.stats.status import pending_summary
 
 __all__ = [
     "GROUP",
-    "CheckResult",
+    "DeadLetter",
     "IngestReport",
     "MalformedEntry",
     "OVERFLOW_POLICIES",
     "PublishReport",
+    "StreamEntry",
     "dead_key",
+    "decode_result",
     "encode_result",
     "ensure_group",
+    "entry_fields",
     "ingest",
     "parse_entry",
     "pending_summary",

@@ -22,7 +22,8 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.stats.stream import _FLOOR_LUA, GROUP, _s, stream_key
+from magpie.stats import scripts
+from magpie.stats.keys import GROUP, id_parts, stream_key, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,11 +48,6 @@ class ReplayFloor:
         return self.ms / 1000.0
 
 
-def _parse_id(sid: str) -> tuple[int, int]:
-    ms, _, seq = sid.partition("-")
-    return int(ms), int(seq or 0)
-
-
 def replay_floor(redis: redis_lib.Redis, prefix: str) -> ReplayFloor | None:
     """Read the consumer group's replay floor (two round trips at most).
 
@@ -67,18 +63,18 @@ def replay_floor(redis: redis_lib.Redis, prefix: str) -> ReplayFloor | None:
     except redis_lib.ResponseError:  # no such key
         return None
     for g in groups:
-        g = {_s(k): v for k, v in g.items()}
-        if _s(g.get("name")) != GROUP:
+        g = {text(k): v for k, v in g.items()}
+        if text(g.get("name")) != GROUP:
             continue
         if int(g.get("pending") or 0) > 0:
             summary = redis.xpending(key, GROUP)
             low = summary.get("min")
             if low is not None:
-                sid = _s(low)
-                ms, seq = _parse_id(sid)
+                sid = text(low)
+                ms, seq = id_parts(sid)
                 return ReplayFloor(sid, ms, seq, "pending")
-        last = _s(g.get("last-delivered-id") or "0-0")
-        ms, seq = _parse_id(last)
+        last = text(g.get("last-delivered-id") or "0-0")
+        ms, seq = id_parts(last)
         if (ms, seq) == (0, 0):
             return None
         return ReplayFloor(f"{ms}-{seq + 1}", ms, seq + 1, "delivered")
@@ -138,43 +134,19 @@ def retire_ledger(
             return {"deleted": deleted, "batches": batches, "complete": True}
 
 
-_TRIM_LUA = (
-    _FLOOR_LUA
-    + """
-local floor = consumed_floor(KEYS[1], ARGV[1])
-if not floor then return 0 end
-return redis.call('XTRIM', KEYS[1], 'MINID', floor)
-"""
-)
-
-
 def trim_consumed(redis: redis_lib.Redis, prefix: str) -> int:
-    """Remove the stream entries below the replay floor (all acknowledged) in one atomic script.
+    """Remove the stream entries below the replay floor (all acknowledged) in one atomic script
+    (``lua/stats_trim.lua``).
 
     Keeps the stream's length equal to its backlog (undelivered plus pending entries), so the producer's
-    bound (:func:`magpie.stats.stream.publish_entries`) measures unconsumed results only.
+    bound (:func:`magpie.stats.producer.publish_entries`) measures unconsumed results only.
 
     Returns:
         Entries removed (0 when the stream or group is missing).
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    return int(redis.register_script(_TRIM_LUA)(keys=[stream_key(prefix)], args=[GROUP]))
-
-
-# Deletes each named consumer only if it has no pending entry at that instant (atomic: a consumer that
-# read entries after the caller's XINFO keeps them).
-_DELCONSUMER_LUA = """
-local removed = {}
-for i = 2, #ARGV do
-  local p = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i])
-  if #p == 0 then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
-    removed[#removed + 1] = ARGV[i]
-  end
-end
-return removed
-"""
+    return int(scripts.TRIM(redis, [stream_key(prefix)], [GROUP]))
 
 
 def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list[str]:
@@ -182,7 +154,7 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
 
     A consumer that still has pending entries is never deleted (deleting it would drop them from the
     pending list, and they would never be delivered again); its entries are reclaimed by
-    :func:`magpie.stats.stream.ingest` (``XAUTOCLAIM``), after which it is empty and goes on a later pass.
+    :func:`magpie.stats.consumer.ingest` (``XAUTOCLAIM``), after which it is empty and goes on a later pass.
     The pending check and the deletion run in one script, so there is no race with a late read.
 
     Args:
@@ -198,7 +170,7 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
     except redis_lib.ResponseError:  # no stream or no group
         return []
     names = [
-        _s(c["name"])
+        text(c["name"])
         for c in consumers
         if int(c.get("pending") or 0) == 0 and int(c.get("idle") or 0) >= idle_ms
     ]
@@ -206,8 +178,9 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
 
 
 def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]) -> list[str]:
-    """Delete each named consumer of the group that holds no pending entry *at this instant* (one script:
-    the check and the deletion are atomic, so a list read earlier can be stale without harm).
+    """Delete each named consumer of the group that holds no pending entry *at this instant* (one script,
+    ``lua/stats_drop_consumers.lua``: the check and the deletion are atomic, so a list read earlier can be
+    stale without harm).
 
     Returns:
         Names of the deleted consumers.
@@ -216,8 +189,8 @@ def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]
     """
     if not names:
         return []
-    res = redis.register_script(_DELCONSUMER_LUA)(keys=[stream_key(prefix)], args=[GROUP, *names])
-    return [_s(n) for n in res]
+    res = scripts.DROP_CONSUMERS(redis, [stream_key(prefix)], [GROUP, *names])
+    return [text(n) for n in res]
 
 
 def ledger_rows(engine: Engine) -> int:

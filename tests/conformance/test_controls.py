@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from magpie.queue import LeaseLost, Payload, QueueError, is_lease_score
+from magpie.errors import Refusal
+from magpie.queue import GONE, LeaseLost, Payload, QueueError, is_lease_score
 from magpie.routes import Route
 
 
@@ -50,7 +51,7 @@ def test_stale_holder_write_changes_nothing_and_cancels(cq, clock, call):
     before = cq.inspect(a.member)
     with pytest.raises(LeaseLost) as exc:
         call(cq, a)
-    assert exc.value.code == "lease_lost"
+    assert exc.value.code is Refusal.LEASE_LOST
     assert a.cancelled and not b.cancelled
     assert cq.inspect(a.member) == before
     cq.complete_one(b)  # the current holder is unaffected
@@ -130,7 +131,7 @@ def test_route_stalled_more_than_max_is_dead_lettered(make_queue, clock):
     assert again.member == h and not again.stalled and q.inspect(h)["stalls"] == 0
     with pytest.raises(QueueError) as exc:
         q.reprocess(h)
-    assert exc.value.code == "not_dead"
+    assert exc.value.code is Refusal.NOT_DEAD
 
 
 def test_completed_check_resets_stall_count(make_queue, clock):
@@ -177,10 +178,10 @@ def test_enqueue_at_refuses_running_dead_and_unknown_routes(cq, clock):
     le = claimed(cq, clock, (h, p))[0]
     with pytest.raises(QueueError) as exc:
         cq.enqueue_at(h, clock.now + 5)
-    assert exc.value.code == "leased"
+    assert exc.value.code is Refusal.LEASED
     with pytest.raises(QueueError) as exc:
         cq.enqueue_in("f" * 24, 0)
-    assert exc.value.code == "gone"
+    assert exc.value.code is Refusal.GONE
     cq.complete_one(le)
     assert cq.enqueue_at(h, clock.now + 5000) == clock.now + 5000
 
@@ -264,11 +265,11 @@ def test_obliterate_refusals_then_batches_until_done(cq, clock, redis_client, re
     cq.log(le, "x")
     with pytest.raises(QueueError) as exc:
         cq.obliterate()
-    assert exc.value.code == "not_paused"
+    assert exc.value.code is Refusal.NOT_PAUSED
     cq.pause()
     with pytest.raises(QueueError) as exc:
         cq.obliterate()
-    assert exc.value.code == "active_leases"
+    assert exc.value.code is Refusal.ACTIVE_LEASES
     results = []
     while True:
         status, n = cq.obliterate(force=True, batch=10)
@@ -286,19 +287,19 @@ def test_operator_remove_refuses_live_lease_unless_forced(cq, clock):
     le = claimed(cq, clock, (h, p))[0]
     with pytest.raises(QueueError) as exc:
         cq.remove_route(h)
-    assert exc.value.code == "active_leases"
+    assert exc.value.code is Refusal.ACTIVE_LEASES
     cq.remove_route(h, force=True)
     assert cq.inspect(h)["state"] == "gone"
-    assert cq.complete([le]) == [-2]
+    assert cq.complete([le]) == [GONE]
     with pytest.raises(QueueError) as exc:
         cq.remove_route(h)
-    assert exc.value.code == "gone"
+    assert exc.value.code is Refusal.GONE
 
 
 def test_update_unknown_route_is_refused(cq):
     with pytest.raises(QueueError) as exc:
         cq.update("0" * 24, "{}")
-    assert exc.value.code == "gone"
+    assert exc.value.code is Refusal.GONE
 
 
 def test_expired_leases_never_block_claims_under_max_inflight(make_queue, clock):

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from magpie.errors import Refusal
 from magpie.queue import (
     GONE, LEASE_LOST, Lease, LeaseLost, Payload, QueueError, is_lease_score,
 )
@@ -98,7 +99,7 @@ def test_invariant_2_remove_is_fenced_on_the_original_payload(q):
     q.schedule(make_items(1, ws=9))  # concurrent import adds a workspace
     with pytest.raises(QueueError) as exc:
         q.remove(le)
-    assert exc.value.code == "payload_changed"
+    assert exc.value.code is Refusal.PAYLOAD_CHANGED
     assert Payload.decode(q.payload(h)).workspaces == [1, 9]
     assert q.score(h) == le.lease_score
 
@@ -112,7 +113,7 @@ def test_holder_removes_with_its_lease(q):
     assert q.payload(h) is None and q.score(h) is None
     with pytest.raises(QueueError) as exc:
         q.remove(le)
-    assert exc.value.code == "gone"
+    assert exc.value.code is Refusal.GONE
     assert q.complete([le]) == [GONE]
 
 

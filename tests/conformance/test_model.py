@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from magpie.errors import Refusal
 from magpie.queue import LeaseLost, Payload, QueueError
 from magpie.routes import Route
 
@@ -76,8 +77,8 @@ class Model:
 
     def fence(self, lease):
         if lease.member not in self.score:
-            return -2
-        return 1 if self.score[lease.member] == float(lease.lease_score) else -1
+            return Refusal.GONE
+        return 1 if self.score[lease.member] == float(lease.lease_score) else Refusal.LEASE_LOST
 
     def forget(self, m):
         for d in (self.score, self.ws, self.dead, self.stalls, self.retries):
@@ -106,12 +107,12 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
             on_ok(res)
             return res
         except LeaseLost:
-            assert expect == -1
+            assert expect == Refusal.LEASE_LOST
         except QueueError as exc:
-            if exc.code == "payload_changed":
+            if exc.code is Refusal.PAYLOAD_CHANGED:
                 assert expect == 1
             else:
-                assert (exc.code, expect) == ("gone", -2)
+                assert (exc.code, expect) == (Refusal.GONE, Refusal.GONE)
 
     for step in range(STEPS):
         op = rnd.choices(
@@ -149,8 +150,9 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                 model.retries.pop(m, None)
                 assert due == model.now + delay
             except QueueError as exc:
-                expect = ("dead" if m in model.dead else "gone") if m not in model.score else "leased"
-                assert exc.code == expect, step
+                expect = (Refusal.LEASED if m in model.score
+                          else Refusal.DEAD if m in model.dead else Refusal.GONE)
+                assert exc.code is expect, step
         elif op == "reprocess":
             if model.dead:
                 m = rnd.choice(sorted(model.dead))

@@ -1,8 +1,9 @@
-"""Claimable delivery rows in PostgreSQL: claim with ``SKIP LOCKED`` and a fresh token, record with the token.
+"""Claimable rows in PostgreSQL: claim with ``SKIP LOCKED`` and a fresh token, record with the token.
 
-Shared by the email outbox (``email_outbox``) and webhook deliveries (``alert_deliveries``); both tables
-have ``status`` (pending/processing/sent/failed), ``attempts``, ``max_attempts``, ``next_attempt_at``,
-``claim_token``, ``claim_expires_at``, ``last_error``, ``updated_at`` and ``sent_at``.
+The SQL primitives of :mod:`magpie.claims`, each working in the caller's transaction on one table whose
+rows carry the columns of :class:`magpie.claims.models.ClaimableRow`: ``status``
+(pending/processing/sent/failed), ``attempts``, ``max_attempts``, ``next_attempt_at``, ``claim_token``,
+``claim_expires_at``, ``last_error``, ``updated_at`` and ``sent_at``.
 
 Life of a row::
 
@@ -17,7 +18,8 @@ so a worker whose claim expired and was re-claimed can no longer record an outco
 returns ``None``). ``attempts`` is counted at claim time: a worker that dies mid-send still used an attempt.
 
 Times: every function takes ``now`` (timezone-aware :class:`datetime`, or ``None`` for the database's
-``now()``) so tests drive time without sleeping. Durations are seconds (``float``).
+``now()``) so tests drive time without sleeping. Durations are seconds (``float``). Table names, joins and
+extra columns are trusted SQL written in this code base, never user input.
 """
 
 from __future__ import annotations
@@ -27,13 +29,12 @@ from datetime import datetime
 
 import sqlalchemy as sa
 
-TABLES = ("alert_deliveries", "email_outbox")
 _NOW = "COALESCE(CAST(:now AS timestamptz), now())"
 
 
 def _table(name: str) -> str:
-    if name not in TABLES:
-        raise ValueError(f"not a claimable table: {name!r}")
+    if not name.isidentifier():
+        raise ValueError(f"not a table name: {name!r}")
     return name
 
 
@@ -74,7 +75,8 @@ def claim(
 
     Args:
         conn: a connection inside a transaction.
-        table: ``alert_deliveries`` or ``email_outbox``.
+        table: a table of :class:`~magpie.claims.models.ClaimableRow` rows (``email_outbox``,
+            ``alert_deliveries``).
         limit: most rows to claim (>= 1).
         claim_seconds: claim lifetime in seconds.
         now: the current time (``None``: database time).
@@ -82,7 +84,7 @@ def claim(
         join / extra_returning: extra ``FROM`` items (joined by the caller's ``WHERE``-free ``JOIN ... ON``
             written against alias ``t``) and ``RETURNING`` columns; trusted SQL from this package only.
     Returns:
-        The claims, oldest due first. Raises ``ValueError`` for an unknown table.
+        The claims, oldest due first. Raises ``ValueError`` for a table name that is no identifier.
     """
     t = _table(table)
     expired = (
@@ -232,4 +234,5 @@ def retry_failed(conn: sa.Connection, table: str, row_id: int, *, extra_attempts
             max_attempts = GREATEST(max_attempts, attempts + :n), updated_at = {_NOW}
         WHERE id = :id AND status = 'failed'
     """
-    return conn.execute(sa.text(sql), {"id": int(row_id), "n": max(1, int(extra_attempts)), "now": now}).rowcount == 1
+    params = {"id": int(row_id), "n": max(1, int(extra_attempts)), "now": now}
+    return conn.execute(sa.text(sql), params).rowcount == 1

@@ -1,4 +1,6 @@
-"""A small pool of delivery worker threads sharing one "claim, send, record" step.
+"""A small pool of worker threads sharing one "claim, send, record" step.
+
+The step is usually :meth:`magpie.claims.table.ClaimTable.process_one` bound to one table and sender.
 
 Each thread calls ``step()`` in a loop; ``step`` claims at most one row (its own database connection from
 the engine's pool), sends it and records the outcome, returning an outcome label, or ``None`` when nothing

@@ -1,0 +1,115 @@
+"""The ``magpie`` command line (also ``python -m magpie``): one root group and its one error handler.
+
+Each command module of this package is imported here and added to :func:`main`. Read commands take
+``--json``. Exit statuses, the same for every command:
+
+- 0: done.
+- 1: the command ran and its documented result is "not good": ``magpie health`` not ready, a failed
+  ``magpie maintenance run`` pass, ``magpie check`` with a judge that does not answer.
+- 2: an error a user can fix (bad setting, bad argument, unreachable or unmigrated Redis/PostgreSQL, a
+  port in use): one line ``Error: ...`` on stderr naming what was wrong. Click's usage errors exit 2 too.
+- 3: a refusal (:class:`magpie.errors.RefusedError`): the request was well formed but the current state
+  does not allow it; nothing changed. One line ``refused: <code>`` (then ``: route <hash>`` or
+  ``: <detail>``) on stderr, and with ``--json`` also
+  ``{"ok": false, "refused": "<code>", "member": <route hash or null>}`` on stdout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import click
+
+from magpie.cli import alerts, checks, db, lab, maintenance, monitoring, outbox, queue, routes
+from magpie.cli.context import CliState
+from magpie.cli.output import echo_json
+from magpie.errors import MagpieError, RefusedError
+
+EXIT_ERROR = 2
+EXIT_REFUSED = 3
+
+
+class CommandFailed(click.ClickException):
+    """A :class:`MagpieError` or a storage failure as click shows it: ``Error: <message>``, exit status 2."""
+
+    exit_code = EXIT_ERROR
+
+
+class CommandRefused(click.ClickException):
+    """A :class:`RefusedError` as click reports it: ``refused: <code>`` (and the JSON form), exit status 3."""
+
+    exit_code = EXIT_REFUSED
+
+    def __init__(self, refusal: RefusedError, as_json: bool):
+        self.refusal = refusal
+        self.as_json = as_json
+        super().__init__(f"refused: {refusal}")  # "<code>", "<code>: route <hash>" or "<code>: <detail>"
+
+    def show(self, file=None) -> None:
+        if self.as_json:
+            echo_json({"ok": False, "refused": self.refusal.label, "member": self.refusal.subject or None})
+        click.echo(self.format_message(), err=True)
+
+
+def storage_error(exc: BaseException) -> str | None:
+    """One line for an unreachable or unmigrated Redis / PostgreSQL, or None for any other exception."""
+    import redis
+    from sqlalchemy import exc as sa_exc
+
+    if isinstance(exc, redis.RedisError):
+        return f"Redis error (MAGPIE_REDIS_URL): {exc}"
+    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"cannot reach PostgreSQL (MAGPIE_DATABASE_URL): {first}"
+    if isinstance(exc, sa_exc.ProgrammingError):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"PostgreSQL schema missing or out of date (run `magpie db upgrade`): {first}"
+    return None
+
+
+@contextmanager
+def handle_errors(state: CliState) -> Iterator[None]:
+    """The one translation of exceptions into exit statuses (module doc): refusal -> 3, error -> 2.
+
+    Raises :class:`CommandRefused` or :class:`CommandFailed` (click prints them and exits); click's own
+    exceptions and any other exception (a bug: its traceback is wanted) pass unchanged.
+    """
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except RefusedError as exc:
+        raise CommandRefused(exc, state.as_json) from None
+    except MagpieError as exc:
+        raise CommandFailed(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - storage failures become one line, anything else re-raised
+        msg = storage_error(exc)
+        if msg is None:
+            raise
+        raise CommandFailed(msg) from None
+
+
+class MagpieGroup(click.Group):
+    """The root group: a :class:`CliState` on the context, every command run inside :func:`handle_errors`."""
+
+    def invoke(self, ctx: click.Context):
+        state = ctx.ensure_object(CliState)
+        ctx.call_on_close(state.close)
+        with handle_errors(state):
+            return super().invoke(ctx)
+
+
+@click.group(cls=MagpieGroup)
+@click.version_option(package_name="magpie")
+def main() -> None:
+    """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
+
+
+for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring):
+    for _command in _module.COMMANDS:
+        main.add_command(_command)
+del _module, _command
+
+__all__ = ["main", "handle_errors", "storage_error", "CommandFailed", "CommandRefused", "EXIT_ERROR",
+           "EXIT_REFUSED"]

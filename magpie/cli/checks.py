@@ -1,0 +1,114 @@
+"""``magpie check`` (check a list once, with no Redis or PostgreSQL) and ``magpie judge`` (serve a judge)."""
+
+from __future__ import annotations
+
+import sys
+from urllib.parse import urlsplit
+
+import click
+
+from magpie.cli.context import CliState, json_option, pass_state
+from magpie.cli.output import echo_json, print_table
+from magpie.cli.routes import PROTOCOL_CHOICE
+
+
+@click.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.option("--protocol", default="http", show_default=True, type=PROTOCOL_CHOICE)
+@click.option("--judge", "judge_url", default=None, help="Judge URL (default MAGPIE_JUDGE_URL).")
+@click.option("--timeout", default=None, type=click.FloatRange(0, 600, min_open=True),
+              help="Hard deadline of one attempt, seconds (default MAGPIE_CHECK_TIMEOUT).")
+@click.option("--attempts", default=None, type=click.IntRange(1, 10),
+              help="Attempts per route (default MAGPIE_CHECK_ATTEMPTS).")
+@click.option("--concurrency", default=None, type=click.IntRange(1, 1_000_000),
+              help="Checks in flight at once (default MAGPIE_CHECKS_PER_PROCESS, capped by the fd limit).")
+@json_option
+@pass_state
+def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurrency, as_json) -> None:
+    """Check every route of FILE once, now, with no Redis or PostgreSQL.
+
+    Exits 1 when the judge itself does not answer a direct request (no route is blamed then)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from magpie.checker import Checker, checks_within_fd_limit
+    from magpie.importer.parse import parse_file
+
+    s = state.settings
+    judge_url = judge_url or s.judge_url
+    if urlsplit(judge_url).scheme not in ("http", "https") or not urlsplit(judge_url).hostname:
+        raise click.BadParameter(f"not an http(s) URL: {judge_url!r}", param_hint="--judge")
+    parsed = parse_file(file, default_protocol=protocol)
+    for bad in parsed.invalid[:50]:
+        click.echo(f"  line {bad.line}: {bad.reason}", err=True)
+    timeout = timeout or s.check_timeout
+    from magpie.egress import EgressPolicy
+
+    guard = EgressPolicy(s.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
+    checker = Checker(judge_url, timeout=timeout, attempts=attempts or s.check_attempts, body_cap=s.body_cap,
+                      connect_timeout=min(s.connect_timeout, timeout), egress=guard)
+    try:
+        judge_host = urlsplit(judge_url).hostname or ""
+        refused = guard.refusal(judge_host) if _is_ip_literal(judge_host) else None
+        if refused:
+            click.echo(f"error: judge refused by the egress guard: {refused}", err=True)
+            raise click.exceptions.Exit(1)
+        if checker.learn_own_address() is None:
+            click.echo(f"error: judge {checker.judge_url} does not answer a direct request with an echo; "
+                       "fix --judge (or MAGPIE_JUDGE_URL) before checking routes", err=True)
+            raise click.exceptions.Exit(1)
+        setting = "--concurrency" if concurrency else "MAGPIE_CHECKS_PER_PROCESS"
+        width = checks_within_fd_limit(concurrency or s.checks_per_process, setting=setting)
+        if not as_json and sys.stderr.isatty() and parsed.routes:
+            from rich.progress import Progress
+
+            with Progress(console=Console(stderr=True), transient=True) as bar:
+                task = bar.add_task("checking", total=len(parsed.routes))
+                results = checker.check_many(parsed.routes, width,
+                                             on_result=lambda _i, _r: bar.advance(task))
+        else:
+            results = checker.check_many(parsed.routes, width)
+    finally:
+        checker.close()
+    rows = []
+    for route, res in zip(parsed.routes, results):
+        rows.append({"route": route.display(), "protocol": route.protocol, "alive": res.alive,
+                     "latency_ms": res.latency_ms, "status": res.status, "attempts": res.attempts,
+                     "error": res.error, "anonymity": res.anonymity})
+    if as_json:
+        invalid = [{"line": x.line, "reason": x.reason} for x in parsed.invalid]
+        echo_json({"results": rows, "invalid": invalid})
+        return
+    t = Table(title=f"one-shot check ({len(rows)} routes, {sum(r['alive'] for r in rows)} alive)")
+    for col in ("route", "alive", "latency ms", "anonymity", "error"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(Text(r["route"]), "[green]yes[/]" if r["alive"] else "[red]no[/]",
+                  f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-", r["anonymity"] or "-",
+                  Text(r["error"] or ""))
+    print_table(t)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8899, show_default=True)
+def judge(host: str, port: int) -> None:
+    """Serve a judge: an echo endpoint returning the request's headers and remote address as JSON."""
+    from magpie.checker.judge import run_judge
+
+    click.echo(f"judge listening on http://{host}:{port}/")
+    run_judge(host, port)
+
+
+COMMANDS = [check, judge]
+
+
+def _is_ip_literal(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False

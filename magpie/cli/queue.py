@@ -1,0 +1,198 @@
+"""``magpie queue ...``: the schedule's control plane (pause, drain, obliterate, dead letters, route verbs).
+
+Every verb prints its result (with ``--json`` as ``{"ok": true, "result": ...}``); a refusal of the
+schedule reaches the root handler, which exits 3 with its code (:mod:`magpie.cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import click
+
+from magpie.cli.context import CliState, json_option, pass_state
+from magpie.cli.output import echo_json
+from magpie.errors import MagpieError, Refusal, RefusedError
+
+
+def _emit(as_json: bool, result) -> None:
+    """Print a verb's ``result``: one JSON object with ``--json``, else the text or indented JSON."""
+    if as_json:
+        echo_json({"ok": True, "result": result})
+    else:
+        click.echo(result if isinstance(result, str) else json.dumps(result, indent=2, default=str))
+
+
+def _known(info: dict) -> dict:
+    """``info`` from :meth:`RouteQueue.inspect`; a route the schedule does not know is a ``gone`` refusal."""
+    if info["state"] == "gone" and info["payload"] is None:
+        raise RefusedError(Refusal.GONE, info["member"])
+    return info
+
+
+@click.group()
+def queue() -> None:
+    """Operate the route schedule: pause/resume, drain, obliterate, dead letters and per-route verbs.
+
+    Refusals exit with status 3 and a typed code: not_paused, active_leases, lease_lost, gone, leased,
+    dead, not_dead.
+    """
+
+
+@queue.command("pause")
+@json_option
+@pass_state
+def queue_pause(state: CliState, as_json: bool) -> None:
+    """Stop all claiming (checked inside pop: nothing is claimed once this returns)."""
+    state.queue.pause()
+    _emit(as_json, "paused")
+
+
+@queue.command("resume")
+@json_option
+@pass_state
+def queue_resume(state: CliState, as_json: bool) -> None:
+    """Resume claiming."""
+    state.queue.resume()
+    _emit(as_json, "resumed")
+
+
+@queue.command("drain")
+@json_option
+@pass_state
+def queue_drain(state: CliState, as_json: bool) -> None:
+    """Unschedule and delete every due or waiting route; leased routes are spared."""
+    _emit(as_json, state.queue.drain())
+
+
+@queue.command("obliterate")
+@click.option("--force", is_flag=True, help="Proceed even while leases are live.")
+@click.option("--batch", default=1000, show_default=True, help="Routes deleted per script call.")
+@json_option
+@pass_state
+def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) -> None:
+    """Delete the whole schedule keyspace in bounded batches (the queue must be paused)."""
+    total = 0
+    while True:
+        status, n = state.queue.obliterate(force=force, batch=batch)
+        total += n
+        if status == "done":
+            break
+    _emit(as_json, {"status": "done", "deleted_routes": total})
+
+
+@queue.command("inspect")
+@click.argument("route_hash")
+@json_option
+@pass_state
+def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
+    """Payload, score, state, stall count, retries, progress and recent logs of one route."""
+    _emit(as_json, _known(state.queue.inspect(route_hash)))
+
+
+@queue.command("update")
+@click.argument("route_hash")
+@click.argument("payload")
+@json_option
+@pass_state
+def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) -> None:
+    """Replace a route's stored payload (JSON text in the payload format, see magpie/queue/payload.py).
+
+    The payload is validated and stored in its canonical compact form. Changing host, port, protocol or
+    credentials here does not change the route hash: re-import the route instead."""
+    from magpie.queue import Payload, PayloadError
+
+    try:
+        decoded = Payload.decode(payload)  # refuse malformed input before it reaches Redis
+    except PayloadError as exc:
+        raise MagpieError(f"payload rejected: {exc}") from None
+    if decoded.route_hash != route_hash:
+        raise MagpieError(f"payload rejected: its route hash 'k' ({decoded.route_hash}) is not {route_hash}")
+    if not decoded.workspaces:
+        raise MagpieError("payload rejected: 'w' must name at least one workspace")
+    state.queue.update(route_hash, decoded.encode())  # the compact form the scripts merge workspaces into
+    _emit(as_json, "updated")
+
+
+@queue.command("remove")
+@click.argument("route_hash")
+@click.option("--force", is_flag=True, help="Remove even under a live lease.")
+@json_option
+@pass_state
+def queue_remove(state: CliState, route_hash: str, force: bool, as_json: bool) -> None:
+    """Remove one route from the schedule (refused under a live lease unless --force)."""
+    state.queue.remove_route(route_hash, force=force)
+    _emit(as_json, "removed")
+
+
+@queue.command("logs")
+@click.argument("route_hash")
+@json_option
+@pass_state
+def queue_logs(state: CliState, route_hash: str, as_json: bool) -> None:
+    """Recent log lines a check wrote for one route."""
+    _emit(as_json, _known(state.queue.inspect(route_hash))["logs"])
+
+
+@queue.command("progress")
+@click.argument("route_hash")
+@json_option
+@pass_state
+def queue_progress(state: CliState, route_hash: str, as_json: bool) -> None:
+    """Latest progress a check recorded for one route."""
+    _emit(as_json, _known(state.queue.inspect(route_hash))["progress"])
+
+
+@queue.command("dead")
+@click.option("--limit", default=100, show_default=True)
+@json_option
+@pass_state
+def queue_dead(state: CliState, limit: int, as_json: bool) -> None:
+    """List dead-lettered routes with their reason."""
+    _emit(as_json, state.queue.dead_letters(limit))
+
+
+@queue.command("reprocess")
+@click.argument("route_hash")
+@json_option
+@pass_state
+def queue_reprocess(state: CliState, route_hash: str, as_json: bool) -> None:
+    """Put a dead-lettered route back, due now, with its stall count reset."""
+    _emit(as_json, {"due_ms": state.queue.reprocess(route_hash)})
+
+
+@queue.command("check-now")
+@click.argument("route_hash")
+@click.option("--in", "delay", default=0.0, show_default=True, type=click.FloatRange(0, 365 * 86400),
+              help="Delay in seconds (0 to one year).")
+@json_option
+@pass_state
+def queue_check_now(state: CliState, route_hash: str, delay: float, as_json: bool) -> None:
+    """Check one route now (or after --in seconds) without a second copy or losing its cadence."""
+    _emit(as_json, {"due_ms": state.queue.enqueue_in(route_hash, int(delay * 1000))})
+
+
+@queue.command("respread")
+@json_option
+@pass_state
+def queue_respread(state: CliState, as_json: bool) -> None:
+    """Re-spread every unleased route evenly across MAGPIE_CHECK_INTERVAL (under a leader lock)."""
+    from magpie.leader import LeaderLock
+
+    q = state.queue
+    with LeaderLock(q.r, state.settings.redis_prefix, "respread", ttl_ms=60_000).hold() as lost:
+        result = {"skipped": "another respread holds the leader lock"} if lost is None else q.respread()
+    _emit(as_json, result)
+
+
+@queue.command("rebuild")
+@json_option
+@pass_state
+def queue_rebuild(state: CliState, as_json: bool) -> None:
+    """Schedule every route PostgreSQL has again (after Redis lost data), spread across the interval;
+    routes still scheduled keep their due time (under the ``rebuild`` leader lock)."""
+    from magpie.maintenance.rebuild import rebuild_schedule
+
+    _emit(as_json, rebuild_schedule(state.settings, engine=state.engine, queue=state.queue))
+
+
+COMMANDS = [queue]

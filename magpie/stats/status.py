@@ -1,0 +1,57 @@
+"""The read side of the results stream: backlog figures for status output and the metrics exporter.
+
+Read-only; the replay floor (how far back entries may still be delivered again) is read by
+:func:`magpie.stats.upkeep.replay_floor`.
+"""
+
+from __future__ import annotations
+
+import redis as redis_lib
+
+from magpie.stats.keys import GROUP, dead_key, stream_key, text
+
+
+def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
+    """Backlog figures of the results stream (three round trips at most).
+
+    Returns:
+        ``{"stream": key, "length": int (entries in the stream), "pending": int (delivered, not yet
+        acknowledged), "lag": int | None (entries not yet delivered to the group; None when Redis
+        cannot tell, e.g. after deletions), "consumers": int, "last_delivered_id": str | None,
+        "dead": int (entries in the dead-letter stream), "group": bool (group exists)}``.
+    Raises:
+        redis.RedisError: Redis unavailable.
+    """
+    key = stream_key(prefix)
+    pipe = redis.pipeline(transaction=False)
+    pipe.xlen(key)
+    pipe.xlen(dead_key(prefix))
+    length, dead = pipe.execute()
+    out = {
+        "stream": key,
+        "length": int(length),
+        "pending": 0,
+        "lag": int(length),
+        "consumers": 0,
+        "last_delivered_id": None,
+        "dead": int(dead),
+        "group": False,
+    }
+    if not length and not redis.exists(key):
+        return out
+    for g in redis.xinfo_groups(key):
+        g = {text(k): v for k, v in g.items()}
+        if text(g.get("name")) != GROUP:
+            continue
+        lag, last = g.get("lag"), g.get("last-delivered-id")
+        out.update(
+            pending=int(g.get("pending") or 0),
+            lag=None if lag is None else int(lag),
+            consumers=int(g.get("consumers") or 0),
+            last_delivered_id=None if last is None else text(last),
+            group=True,
+        )
+    return out
+
+
+__all__ = ["pending_summary"]

@@ -1,0 +1,213 @@
+"""The PostgreSQL side of ingestion: one transaction writes history, current health and the replay ledger.
+
+:func:`apply_results` applies a batch of :class:`~magpie.stats.entry.StreamEntry`:
+
+* ``check_history`` rows (one per result),
+* ``route_health`` (counters, newest result, ``consecutive_failures``; a late, older result never
+  overwrites a newer ``last_checked_at``),
+* ``stats_ledger`` rows for the applied stream ids. An id already in the ledger is skipped, so a replay
+  (a crash between commit and ``XACK``, or two consumers holding the same entry) applies it once.
+
+The referenced routes are locked against deletion until commit and their hash compared, so a result never
+lands on a deleted route or on another route that reuses the id. Results the database rejects are
+isolated by applying one result per transaction and come back as dead letters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import psycopg2
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from magpie.stats.entry import DeadLetter, StreamEntry
+
+_ROUTES = "SELECT id, route_hash FROM routes WHERE id = ANY(%s::bigint[]) ORDER BY id FOR KEY SHARE"
+_LEDGER = """
+    INSERT INTO stats_ledger (stream_id)
+    SELECT s FROM unnest(%s::text[]) AS s ORDER BY s
+    ON CONFLICT (stream_id) DO NOTHING
+    RETURNING stream_id
+"""
+_HISTORY = """
+    INSERT INTO check_history (route_id, checked_at, alive, latency_ms, status, attempts,
+                               error, anonymity, body, judge, stream_id)
+    SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[], %s::real[], %s::integer[],
+                         %s::smallint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+"""
+_HEALTH_ROWS = """
+    INSERT INTO route_health (route_id)
+    SELECT r FROM unnest(%s::bigint[]) AS r ORDER BY r
+    ON CONFLICT (route_id) DO NOTHING
+"""
+_HEALTH_LOCK = """
+    SELECT route_id, last_checked_at, consecutive_failures, last_alive_at
+    FROM route_health WHERE route_id = ANY(%s::bigint[]) ORDER BY route_id FOR UPDATE
+"""
+_HEALTH_UPDATE = """
+    UPDATE route_health AS h SET
+        checks_total = h.checks_total + u.n,
+        alive_total = h.alive_total + u.n_alive,
+        consecutive_failures = u.cf,
+        last_alive_at = u.last_alive_at,
+        last_checked_at = CASE WHEN u.newer THEN u.checked_at ELSE h.last_checked_at END,
+        alive = CASE WHEN u.newer THEN u.alive ELSE h.alive END,
+        latency_ms = CASE WHEN u.newer THEN u.latency_ms ELSE h.latency_ms END,
+        status = CASE WHEN u.newer THEN u.status ELSE h.status END,
+        anonymity = CASE WHEN u.newer THEN u.anonymity ELSE h.anonymity END,
+        error = CASE WHEN u.newer THEN u.error ELSE h.error END,
+        attempts = CASE WHEN u.newer THEN u.attempts ELSE h.attempts END,
+        updated_at = now()
+    FROM unnest(%s::bigint[], %s::integer[], %s::integer[], %s::integer[], %s::timestamptz[],
+                %s::boolean[], %s::timestamptz[], %s::boolean[], %s::real[], %s::integer[], %s::text[],
+                %s::text[], %s::smallint[])
+         AS u(route_id, n, n_alive, cf, last_alive_at, newer, checked_at, alive, latency_ms, status,
+              anonymity, error, attempts)
+    WHERE h.route_id = u.route_id
+"""
+
+
+def database_answers(engine: Engine) -> bool:
+    """True when PostgreSQL answers ``SELECT 1`` (one round trip); never raises for an outage."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return True
+    except (sa.exc.DBAPIError, OSError):
+        return False
+
+
+def _is_data_error(exc: sa.exc.DBAPIError) -> bool:
+    """True when the database rejected the data (not a connection or concurrency failure)."""
+    return not exc.connection_invalidated and isinstance(
+        exc.orig, (psycopg2.DataError, psycopg2.IntegrityError)
+    )
+
+
+def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int, list[DeadLetter]]:
+    """Apply ``entries`` in one transaction; if the database rejects the data, isolate the culprits by
+    applying one entry per transaction.
+
+    Returns:
+        ``(committed, replayed, dead)``: entries written, entries skipped as already in the ledger, and
+        dead letters (route gone, hash mismatch, rejected by the database).
+    Raises:
+        sqlalchemy.exc.DBAPIError: PostgreSQL unavailable, or the transaction failed for another reason
+            than the data (deadlock, serialization); nothing of the failed transaction is kept.
+    """
+    try:
+        with engine.begin() as conn:
+            return _apply_tx(conn, entries)
+    except sa.exc.DBAPIError as exc:
+        if not _is_data_error(exc):
+            raise
+    committed = replayed = 0
+    dead: list[DeadLetter] = []
+    for e in entries:
+        try:
+            with engine.begin() as conn:
+                c, rp, d = _apply_tx(conn, [e])
+        except sa.exc.DBAPIError as exc:
+            if not _is_data_error(exc):
+                raise
+            msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
+            dead.append(DeadLetter(e.stream_id, f"rejected by database: {msg}", e.fields))
+            continue
+        committed += c
+        replayed += rp
+        dead.extend(d)
+    return committed, replayed, dead
+
+
+def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int, int, list[DeadLetter]]:
+    # Lock the referenced routes against deletion until commit (no FK race), and check the hash so a
+    # result never lands on a different route that reuses an id (e.g. after a database rebuild).
+    known: dict[int, str] = dict(
+        conn.exec_driver_sql(_ROUTES, (sorted({e.route_id for e in entries}),)).all()
+    )
+    good: list[StreamEntry] = []
+    dead: list[DeadLetter] = []
+    for e in entries:
+        stored = known.get(e.route_id)
+        if stored is None:
+            dead.append(DeadLetter(e.stream_id, f"route {e.route_id} no longer exists", e.fields))
+        elif e.route_hash is not None and e.route_hash != stored:
+            reason = f"route {e.route_id} hash mismatch ({e.route_hash} != {stored})"
+            dead.append(DeadLetter(e.stream_id, reason, e.fields))
+        else:
+            good.append(e)
+    if not good:
+        return 0, 0, dead
+
+    fresh = set(conn.exec_driver_sql(_LEDGER, (sorted({e.stream_id for e in good}),)).scalars())
+    todo = [e for e in good if e.stream_id in fresh]
+    replayed = len(good) - len(todo)
+    if not todo:
+        return 0, replayed, dead
+
+    results = [e.result for e in todo]
+    conn.exec_driver_sql(
+        _HISTORY,
+        (
+            [e.route_id for e in todo],
+            [e.checked_at for e in todo],
+            [r.alive for r in results],
+            [r.latency_ms for r in results],
+            [r.status for r in results],
+            [r.attempts for r in results],
+            [r.error for r in results],
+            [r.anonymity for r in results],
+            [r.body for r in results],
+            [r.judge for r in results],
+            [e.stream_id for e in todo],
+        ),
+    )
+    _update_health(conn, todo)
+    return len(todo), replayed, dead
+
+
+def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
+    by_route: dict[int, list[StreamEntry]] = defaultdict(list)
+    for e in entries:
+        by_route[e.route_id].append(e)
+    route_ids = sorted(by_route)
+    conn.exec_driver_sql(_HEALTH_ROWS, (route_ids,))
+    rows = conn.exec_driver_sql(_HEALTH_LOCK, (route_ids,)).all()
+    state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in rows}
+    cols: tuple[list, ...] = tuple([] for _ in range(13))
+    for rid in route_ids:
+        es = sorted(by_route[rid], key=lambda e: e.order)
+        last, cf, last_alive = state[rid]
+        alive_times = [e.checked_at for e in es if e.result.alive]
+        if alive_times and (last_alive is None or alive_times[-1] > last_alive):
+            last_alive = alive_times[-1]
+        # Only results newer than the stored newest one extend (or reset) the failure streak and
+        # replace the "current" fields; older, late results only count in the totals.
+        newer = [e for e in es if last is None or e.checked_at > last]
+        for e in newer:
+            cf = 0 if e.result.alive else cf + 1
+        top = newer[-1] if newer else es[-1]
+        r = top.result
+        row = (
+            rid,
+            len(es),
+            len(alive_times),
+            cf,
+            last_alive,
+            bool(newer),
+            top.checked_at,
+            r.alive,
+            r.latency_ms,
+            r.status,
+            r.anonymity,
+            r.error,
+            r.attempts,
+        )
+        for col, v in zip(cols, row):
+            col.append(v)
+    conn.exec_driver_sql(_HEALTH_UPDATE, cols)
+
+
+__all__ = ["apply_results", "database_answers"]
