@@ -17,7 +17,7 @@ from magpie.db.repo import latest_health
 from magpie.importer.service import import_file
 from magpie.lab.lab import start_free_lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 

@@ -27,7 +27,7 @@ from magpie.routes import Route
 
 SLOW = 1.0
 TIMEOUT = 3.0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from magpie.lab.faults import (
 from magpie.routes import Route
 
 SLOW = 1.0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JUDGE = "127.0.0.1:8899"
 
 

@@ -21,7 +21,7 @@ from magpie.queue import LeaseLost, QueueError, refusal
 from magpie.queue.keys import QueueKeys
 from magpie.queue.scripts import LUA_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LUA = ROOT / "lua"
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from magpie.lab.lab import start_free_lab
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CYCLE = """
 import json, magpie
