@@ -1,4 +1,4 @@
-"""Celery settings built from :class:`magpie.config.Settings` (queues, routes and beat schedule of DESIGN.md).
+"""Celery settings built from :class:`magpie.config.Settings` (queues, routes and beat schedule of docs/design.md).
 
 ``celeryconfig.py`` at the top of the repository re-exports :func:`build` so that ``celery -A magpie``
 and ``app.config_from_object("celeryconfig")`` see the same values.

@@ -1,6 +1,6 @@
 """Settings read from the environment (and an optional ``.env``) with pydantic-settings.
 
-Names follow DESIGN.md: the seed documents' own names where they give one (``PROXY_QUEUE_SHARDS``,
+Names keep those of the system magpie replaces where it gives one (``PROXY_QUEUE_SHARDS``,
 ``PROXY_QUEUE_ENCRYPT_CREDENTIALS``, ``PROXY_ENCRYPTION_KEY``), ``MAGPIE_*`` for the rest. Defaults work
 against this machine kind's local services (PostgreSQL, Redis and RabbitMQ on 127.0.0.1).
 
@@ -10,6 +10,7 @@ A bad value raises :class:`ConfigError` at start with the variable's name in the
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -20,6 +21,53 @@ from magpie.errors import MagpieError
 
 class ConfigError(MagpieError, ValueError):
     """A setting from the environment is missing or malformed; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleSettings:
+    """What the route schedule needs (see :attr:`Settings.schedule`): Redis URL and key prefix, shard
+    count, interval and lease in ms, stall limit, and promote's limits (routes)."""
+
+    redis_url: str
+    prefix: str
+    shards: int
+    interval_ms: int
+    lease_ms: int
+    max_stalled: int
+    max_inflight: int
+    promote_budget: int
+    pop_batch: int
+    routes_per_task: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSettings:
+    """What the check engine and a check pool need (see :attr:`Settings.checks`). Seconds unless ``_ms``."""
+
+    judge_url: str
+    timeout: float
+    connect_timeout: float
+    attempts: int
+    body_cap: int
+    allow_private: str
+    checks_per_process: int
+    renew_below_ms: float
+    retry_base_ms: int
+    retry_cap_ms: int
+    complete_interval: float
+    heartbeat: float
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSettings:
+    """What the results stream's producer and consumers need (see :attr:`Settings.stream`)."""
+
+    prefix: str
+    maxlen: int
+    overflow: str
+    block_timeout: float
+    batch: int
+    max_deliveries: int
 
 
 class Settings(BaseSettings):
@@ -40,7 +88,7 @@ class Settings(BaseSettings):
     check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", ge=0.1)
     """Seconds between two checks of one route."""
     lease_seconds: float = Field(300.0, alias="MAGPIE_LEASE_SECONDS", ge=1)
-    """Lease length in seconds given by a claim or a renewal (DESIGN: 5 minutes)."""
+    """Lease length in seconds given by a claim or a renewal (5 minutes by default)."""
     renew_below_seconds: float = Field(120.0, alias="MAGPIE_RENEW_BELOW_SECONDS", ge=0)
     """A check renews its lease between attempts when fewer than this many seconds remain."""
     max_inflight: int = Field(1_000_000, alias="MAGPIE_MAX_INFLIGHT", ge=1)
@@ -99,7 +147,7 @@ class Settings(BaseSettings):
     stats_interval: float = Field(1.0, alias="MAGPIE_STATS_INTERVAL", gt=0)
     """Seconds between beat-triggered statistics ingestion passes."""
 
-    # -- alerts, webhook delivery and the email outbox (issue 5) ------------------------------------
+    # -- alerts, webhook delivery and the email outbox ------------------------------------------------
     alert_eval_interval: float = Field(60.0, alias="MAGPIE_ALERT_EVAL_INTERVAL", gt=0)
     """Seconds between beat-triggered alert evaluations (one per minute; streaks count minutes)."""
     alert_window_seconds: int = Field(900, alias="MAGPIE_ALERT_WINDOW_SECONDS", ge=60)
@@ -167,7 +215,7 @@ class Settings(BaseSettings):
     invitation_ttl_seconds: int = Field(7 * 86400, alias="MAGPIE_INVITATION_TTL_SECONDS", ge=60)
     """Validity of a workspace invitation in seconds."""
 
-    # -- maintenance, statistics upkeep and metrics (issue 4) ------------------------------------------
+    # -- maintenance, statistics upkeep and metrics --------------------------------------------------
     stats_max_deliveries: int = Field(5, alias="MAGPIE_STATS_MAX_DELIVERIES", ge=1, le=1000)
     """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream
     on its next delivery instead of being applied again."""
@@ -238,6 +286,29 @@ class Settings(BaseSettings):
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         return v
+
+    @property
+    def schedule(self) -> ScheduleSettings:
+        """The schedule's slice of the settings."""
+        return ScheduleSettings(
+            self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
+            int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
+            self.pop_batch, self.routes_per_task)
+
+    @property
+    def checks(self) -> CheckSettings:
+        """The check engine's and check pool's slice of the settings."""
+        return CheckSettings(
+            self.judge_url, self.check_timeout, self.connect_timeout, self.check_attempts, self.body_cap,
+            self.check_allow_private, self.checks_per_process, self.renew_below_seconds * 1000,
+            int(self.retry_base * 1000), int(self.retry_cap * 1000), self.complete_interval,
+            self.checker_heartbeat)
+
+    @property
+    def stream(self) -> StreamSettings:
+        """The results stream's slice of the settings."""
+        return StreamSettings(self.redis_prefix, self.stats_stream_maxlen, self.stats_overflow,
+                              self.stats_block_timeout, self.stats_batch, self.stats_max_deliveries)
 
     @property
     def connect_timeout(self) -> float:

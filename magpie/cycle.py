@@ -58,12 +58,13 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
 
     Args:
         queue: the deployment's route queue.
-        settings: :class:`magpie.config.Settings` (``promote_budget``, ``max_inflight``, ``pop_batch``,
-            ``routes_per_task``).
+        settings: the schedule's :class:`magpie.config.ScheduleSettings` (promote's limits), or a whole
+            :class:`magpie.config.Settings` whose ``schedule`` slice is used.
         dispatch: sends one check message (a list of :meth:`Lease.to_dict` dicts).
         capacity: check slots the running engines announce
             (:meth:`magpie.queue.capacity.CapacityRegistry.total`); see :func:`promote`.
     Returns the number of routes claimed.
     """
-    return promote(queue, dispatch, budget=settings.promote_budget, max_inflight=settings.max_inflight,
-                   pop_batch=settings.pop_batch, routes_per_task=settings.routes_per_task, capacity=capacity)
+    sched = getattr(settings, "schedule", settings)
+    return promote(queue, dispatch, budget=sched.promote_budget, max_inflight=sched.max_inflight,
+                   pop_batch=sched.pop_batch, routes_per_task=sched.routes_per_task, capacity=capacity)

@@ -40,7 +40,7 @@ def route_queue():
     """The :class:`magpie.queue.RouteQueue` of this deployment."""
     from magpie.queue import RouteQueue
 
-    return _get("queue", lambda: RouteQueue.from_settings(settings(), redis_client()))
+    return _get("queue", lambda: RouteQueue.from_settings(settings().schedule, redis_client()))
 
 
 def engine():
@@ -66,26 +66,29 @@ def check_pool():
     def build():
         from magpie import counters
         from magpie.backoff import Backoff
-        from magpie.checker.engine import CheckEngine, checks_within_fd_limit
+        from magpie.checker.engine import CheckEngine
+        from magpie.checker.limits import checks_within_fd_limit
         from magpie.checkpool import CheckPool
         from magpie.stats import producer
 
         s = settings()
+        checks, stream, prefix = s.checks, s.stream, s.redis_prefix
         r = redis_client()
 
         def record(report, entries):
-            counters.record_check_batch(r, s.redis_prefix, counters.check_outcomes(report, entries),
+            counters.record_check_batch(r, prefix, counters.check_outcomes(report, entries),
                                         report.stale_completions, [])
 
         def lateness(leases):
-            counters.record_check_batch(r, s.redis_prefix, {}, 0, counters.lease_lateness_ms(leases))
+            counters.record_check_batch(r, prefix, {}, 0, counters.lease_lateness_ms(leases))
 
         pool = CheckPool(
-            route_queue(), CheckEngine.from_settings(s), lambda entries: producer.publish_with_settings(r, s, entries),
-            capacity=checks_within_fd_limit(s.checks_per_process), renew_below_ms=s.renew_below_seconds * 1000,
-            backoff=Backoff("exponential", int(s.retry_base * 1000), int(s.retry_cap * 1000), 2.0, "full"),
+            route_queue(), CheckEngine.from_settings(checks),
+            lambda entries: producer.publish_with_settings(r, stream, entries),
+            capacity=checks_within_fd_limit(checks.checks_per_process), renew_below_ms=checks.renew_below_ms,
+            backoff=Backoff("exponential", checks.retry_base_ms, checks.retry_cap_ms, 2.0, "full"),
             registry=capacity_registry(), record=record, lateness=lateness,
-            complete_interval=s.complete_interval, heartbeat=s.checker_heartbeat)
+            complete_interval=checks.complete_interval, heartbeat=checks.heartbeat)
         return pool.start()
 
     return _get("check_pool", build)

@@ -22,7 +22,7 @@ def promote() -> int:
     MAGPIE_MAX_INFLIGHT) and dispatch check messages; returns the count claimed."""
     from magpie.cycle import promote_with_settings
 
-    return promote_with_settings(runtime.route_queue(), runtime.settings(), _dispatch_checks,
+    return promote_with_settings(runtime.route_queue(), runtime.settings().schedule, _dispatch_checks,
                                  capacity=runtime.capacity_registry().total())
 
 

@@ -1,4 +1,4 @@
-"""Alerts (DESIGN.md: ``alerts/``): rules over already recorded measurements, incidents, webhook delivery.
+"""Alerts (``alerts/`` in docs/design.md): rules over already recorded measurements, incidents, webhook delivery.
 
 Python API:
 

@@ -11,7 +11,8 @@ Public API::
 
 from magpie.checker.anonymity import PROXY_HEADERS, classify, normalize_ip
 from magpie.checker.check import Checker, check_many
-from magpie.checker.engine import CheckEngine, checks_within_fd_limit
+from magpie.checker.engine import CheckEngine
+from magpie.checker.limits import checks_within_fd_limit
 from magpie.checker.judge import make_judge_server, run_judge
 from magpie.checker.result import CONNECTION_ERRORS, CheckResult, parse_echo, proxy_url
 

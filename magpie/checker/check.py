@@ -68,12 +68,12 @@ class Checker:
 
     @classmethod
     def from_settings(cls, settings) -> Checker:
-        """A checker configured from :class:`magpie.config.Settings` (judge_url, check_timeout, ...)."""
+        """A checker configured from a :class:`magpie.config.CheckSettings` (or a whole Settings)."""
         from magpie.egress import EgressPolicy
 
-        return cls(settings.judge_url, settings.check_timeout, settings.check_attempts, settings.body_cap,
-                   connect_timeout=settings.connect_timeout,
-                   egress=EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
+        c = getattr(settings, "checks", settings)
+        return cls(c.judge_url, c.timeout, c.attempts, c.body_cap, connect_timeout=c.connect_timeout,
+                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
 
     judge_url = property(lambda self: self.engine.judge_url)
     timeout = property(lambda self: self.engine.timeout)

@@ -17,7 +17,7 @@ the deadline. A check therefore never outlives :attr:`CheckEngine.max_check_seco
 connection is final: no further attempt is made in that check. Cancelling the coroutine (a lost lease)
 stops the attempt in flight at once.
 
-Error classes are those of :mod:`magpie.checker.check`.
+Error classes are those of :mod:`magpie.checker.result`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import asyncio
 import base64
 import errno
 import ipaddress
-import logging
-import resource
 import socket
 import ssl
 import time
@@ -44,47 +42,11 @@ from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_m
 from magpie.egress import EgressPolicy, EgressRefused
 from magpie.routes import Route
 
-log = logging.getLogger(__name__)
-
 CHECK_SLACK_SECONDS = 1.0
 """Slack added to ``attempts x timeout`` in :attr:`CheckEngine.max_check_seconds`."""
 
 _RELEARN_AFTER_S = 30.0  # back-off before retrying to learn the own address after a failure
 _JUDGE_RESOLVE_TTL_S = 300.0  # a judge host name is re-resolved this often (socks4 needs an address)
-_FD_RESERVE = 256  # descriptors kept free for Redis, the broker, logs and the interpreter
-
-
-def raise_nofile_limit() -> tuple[int, int]:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit.
-
-    Returns ``(soft, hard)`` after the change (the old soft limit when raising is not allowed).
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
-    if want > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-            soft = want
-        except (ValueError, OSError):
-            pass
-    return soft, hard
-
-
-def checks_within_fd_limit(wanted: int, *, reserve: int = _FD_RESERVE, setting: str = "MAGPIE_CHECKS_PER_PROCESS"
-                           ) -> int:
-    """Concurrent checks this process can run: ``wanted`` capped below the descriptor limit.
-
-    Raises the soft ``RLIMIT_NOFILE`` toward the hard limit first (one check holds one socket). When the
-    limit is still too low, logs one warning naming ``setting`` and the limits, and returns the cap
-    (at least 1). Args: ``wanted`` >= 1 checks; ``reserve`` descriptors kept for everything else.
-    """
-    soft, hard = raise_nofile_limit()
-    cap = max(1, soft - reserve)
-    if wanted > cap:
-        log.warning("%s=%d exceeds the file-descriptor limit (soft %d, hard %d); running at most %d checks "
-                    "at once in this process", setting, wanted, soft, hard, cap)
-        return cap
-    return wanted
 
 
 @dataclass(slots=True)
@@ -211,10 +173,11 @@ class CheckEngine:
 
     @classmethod
     def from_settings(cls, settings) -> CheckEngine:
-        """An engine configured from :class:`magpie.config.Settings` (judge URL, timeouts, attempts, body cap)."""
-        return cls(settings.judge_url, settings.check_timeout, settings.check_attempts, settings.body_cap,
-                   connect_timeout=settings.connect_timeout,
-                   egress=EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
+        """An engine configured from a :class:`magpie.config.CheckSettings` (or a whole Settings, whose
+        ``checks`` slice is used): judge URL, deadlines, attempts, body cap and the egress policy."""
+        c = getattr(settings, "checks", settings)
+        return cls(c.judge_url, c.timeout, c.attempts, c.body_cap, connect_timeout=c.connect_timeout,
+                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
 
     @property
     def max_check_seconds(self) -> float:

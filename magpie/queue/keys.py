@@ -1,4 +1,4 @@
-"""Key names of one route schedule and the shard function (DESIGN.md, "The route schedule").
+"""Key names of one route schedule and the shard function (docs/design.md, "The route schedule").
 
 Every key of a schedule shares one Redis Cluster hash tag, ``{<name>}``, so a schedule can live on a single
 cluster node later and several schedules on several nodes.

@@ -1,4 +1,4 @@
-"""The compact route payload stored at ``proxy:<hash>`` (DESIGN.md, "The route schedule").
+"""The compact route payload stored at ``proxy:<hash>`` (docs/design.md, "The route schedule").
 
 Wire form: JSON with short keys, no spaces::
 

@@ -2,7 +2,7 @@
 
 The lease score a claim returns (``expiry_ms + 0.5``, a string so the ``.5`` survives) is the fencing
 token: renew, complete, complete-with-payload, retry, progress, log and remove take effect only while
-the stored score still equals it (DESIGN.md invariants 1-7). A refused call changes nothing, raises a
+the stored score still equals it (the invariants of docs/design.md). A refused call changes nothing, raises a
 typed :class:`QueueError` (:mod:`magpie.queue.refusals` maps the script's code) and fires the lease's
 cancellation token, so the running check stops at its next attempt boundary. Scores travel as strings
 end to end; Python never rounds them.
@@ -54,11 +54,12 @@ class RouteQueue:
 
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
-        """Build from :class:`magpie.config.Settings` (interval and lease in seconds there)."""
-        client = client or redis.Redis.from_url(settings.redis_url)
-        q = cls(client, QueueKeys(settings.redis_prefix, settings.queue_shards),
-                interval_ms=int(settings.check_interval * 1000), lease_ms=int(settings.lease_seconds * 1000),
-                max_stalled=getattr(settings, "max_stalled", 3))
+        """Build from a :class:`magpie.config.ScheduleSettings` (or a whole Settings, whose ``schedule``
+        slice is used). Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`)."""
+        sched = getattr(settings, "schedule", settings)
+        client = client or redis.Redis.from_url(sched.redis_url)
+        q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
+                lease_ms=sched.lease_ms, max_stalled=sched.max_stalled)
         q.check_layout()
         return q
 

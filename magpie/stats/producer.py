@@ -149,16 +149,12 @@ def publish(
 
 
 def publish_with_settings(redis: redis_lib.Redis, settings, entries: list[dict[str, str]]) -> PublishReport:
-    """:func:`publish_entries` with the bound and policy of :class:`magpie.config.Settings`
-    (``MAGPIE_STATS_STREAM_MAXLEN``, ``MAGPIE_STATS_OVERFLOW``, ``MAGPIE_STATS_BLOCK_TIMEOUT``)."""
-    return publish_entries(
-        redis,
-        settings.redis_prefix,
-        entries,
-        settings.stats_stream_maxlen,
-        overflow=settings.stats_overflow,
-        block_timeout=settings.stats_block_timeout,
-    )
+    """:func:`publish_entries` with the bound and policy of a :class:`magpie.config.StreamSettings`
+    (``MAGPIE_STATS_STREAM_MAXLEN``, ``MAGPIE_STATS_OVERFLOW``, ``MAGPIE_STATS_BLOCK_TIMEOUT``), or of a whole
+    :class:`magpie.config.Settings` whose ``stream`` slice is used."""
+    st = getattr(settings, "stream", settings)
+    return publish_entries(redis, st.prefix, entries, st.maxlen, overflow=st.overflow,
+                           block_timeout=st.block_timeout)
 
 
 __all__ = ["OVERFLOW_POLICIES", "PublishReport", "publish", "publish_entries", "publish_with_settings"]

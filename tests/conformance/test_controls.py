@@ -1,4 +1,4 @@
-"""Lifecycle controls (issue 3): fencing on every write, ownership merge, stalls and dead-letter, time
+"""Lifecycle controls: fencing on every write, ownership merge, stalls and dead-letter, time
 controls, and the operator plane. Deterministic time through the backend's test clock."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The route schedule's invariants (DESIGN.md 1-7), one test (or more) per invariant, for every backend."""
+"""The route schedule's invariants (docs/design.md, 1-7), one test (or more) per invariant, for every backend."""
 
 from __future__ import annotations
 

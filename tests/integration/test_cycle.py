@@ -350,7 +350,7 @@ def test_fd_limit_below_the_configured_concurrency_is_reported_and_respected():
         "import logging, resource, sys\n"
         "logging.basicConfig(stream=sys.stdout, level=logging.WARNING, format='%(message)s')\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (300, 600))\n"
-        "from magpie.checker.engine import checks_within_fd_limit\n"
+        "from magpie.checker.limits import checks_within_fd_limit\n"
         "print('cap', checks_within_fd_limit(10000))\n"
         "print('soft', resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
         "print('small', checks_within_fd_limit(100))\n"

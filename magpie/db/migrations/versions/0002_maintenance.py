@@ -1,4 +1,4 @@
-"""Maintenance (issue 4): job status, daily counters, token tables, retention and ledger indexes.
+"""Maintenance: job status, daily counters, token tables, retention and ledger indexes.
 
 Revision ID: 0002
 Revises: 0001
