@@ -6,8 +6,9 @@ Python API:
   :func:`delete_rule` (:mod:`magpie.alerts.rules`);
 * channels - :func:`create_webhook_channel`, :func:`create_email_channel`, :func:`list_channels`,
   :func:`set_channel_enabled`, :func:`delete_channel` (:mod:`magpie.alerts.channels`);
-* evaluation - :func:`evaluate_all`, :func:`run_evaluation` (leader-locked), :func:`measure_workspace` /
-  :func:`apply_workspace` (:mod:`magpie.alerts.evaluate`);
+* evaluation - :func:`evaluate_all`, :func:`run_evaluation` (leader-locked), :func:`apply_workspace`
+  (:mod:`magpie.alerts.evaluate`) over :func:`measure_workspace` (:mod:`magpie.alerts.measure`) and the pure
+  streak rules (:mod:`magpie.alerts.streaks`);
 * delivery - :func:`run_delivery_workers`, :func:`deliver_one`, :func:`list_deliveries`,
   :func:`retry_delivery` (:mod:`magpie.alerts.delivery`).
 
