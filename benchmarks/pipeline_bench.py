@@ -509,6 +509,7 @@ class Run:
         self.children: list[Child] = []
         self.honcho: Child | None = None
         self.seen: dict[int, psutil.Process] = {}  # every Celery-side process ever seen (for the final kill)
+        self.roots: dict[int, str] = {}  # honcho's direct children: pid -> Procfile name
         self.pg_engine = None
         self.labs: list[dict] = []
         self.log_stop_offset: int | None = None
@@ -531,6 +532,7 @@ class Run:
             "MAGPIE_DATABASE_URL": PG_BASE + self.db,
             "PROXY_ENCRYPTION_KEY": BENCH_KEY,
             "MAGPIE_JUDGE_URL": judge_url,
+            "MAGPIE_CHECK_ALLOW_PRIVATE": "127.0.0.0/8",  # egress guard (engine): the lab is on loopback
             "MAGPIE_CHECK_INTERVAL": f"{s.interval:g}",
             "MAGPIE_CHECK_TIMEOUT": f"{s.timeout:g}",
             "MAGPIE_CHECK_ATTEMPTS": str(s.attempts),
@@ -555,15 +557,15 @@ class Run:
     # process groups ---------------------------------------------------------------------------------
     def celery_groups(self) -> dict[int, tuple[psutil.Process, str]]:
         """pid -> (process, Procfile name) for every process under honcho (name from honcho's log)."""
-        roots: dict[int, str] = {}
-        try:
-            text = (self.dir / "celery.log").read_text(errors="replace")
-        except OSError:
-            text = ""
-        for m in re.finditer(r"\b([A-Za-z0-9_-]+)\.\d+ started \(pid=(\d+)\)", text):
-            roots[int(m.group(2))] = m.group(1)
+        if len(set(self.roots.values())) < len(self.tree.procfile_names()):  # until honcho named them all
+            try:
+                text = (self.dir / "celery.log").read_text(errors="replace")
+            except OSError:
+                text = ""
+            for m in re.finditer(r"\b([A-Za-z0-9_-]+)\.\d+ started \(pid=(\d+)\)", text):
+                self.roots[int(m.group(2))] = m.group(1)
         res: dict[int, tuple[psutil.Process, str]] = {}
-        for pid, name in roots.items():
+        for pid, name in self.roots.items():
             try:
                 root = self.seen.get(pid) or psutil.Process(pid)
                 self.seen[pid] = root
@@ -662,6 +664,10 @@ class Run:
             max_id0 = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM check_history")).scalar_one()
         t0 = time.monotonic()
         peak_sock, peak_lab = 0, 0
+        sum_sock = sum_leased = n_samples = 0
+        trace = open(self.dir / "samples.csv", "w")
+        self.files.append(trace)
+        trace.write("t_s,check_process_sockets,live_leases,lab_sockets\n")
         next_t = t0
         n_pg_refresh = 0
         while True:
@@ -676,10 +682,22 @@ class Run:
                 pg = postgres_procs(self.db)
             cpu.sample([(p, g, False) for p, g in groups.values()] + pg
                        + [(p, "lab", False) for p in self.lab_procs()])
+            top = 0
+            per_proc = []
             for pid, (_p, g) in groups.items():
                 if g == "worker-checks":
-                    peak_sock = max(peak_sock, socks.count(pid))
-            peak_lab = max(peak_lab, sum(socks.count(c.ps.pid) for c in self.children if c.name != "judge"))
+                    n = socks.count(pid)
+                    top = max(top, n)
+                    if n > 8:
+                        per_proc.append(n)
+            peak_sock = max(peak_sock, top)
+            sum_sock += top
+            leased = self.r.zcount(keys.leased, f"({int(time.time() * 1000)}", "+inf")
+            sum_leased += leased
+            n_samples += 1
+            lab_n = sum(socks.count(c.ps.pid) for c in self.children if c.name != "judge")
+            peak_lab = max(peak_lab, lab_n)
+            trace.write(f"{now - t0:.2f},{'/'.join(map(str, sorted(per_proc)))},{leased},{lab_n}\n")
             next_t += SAMPLE_S
             time.sleep(max(0.0, min(next_t, t0 + s.seconds) - time.monotonic()))
         # window end
@@ -696,6 +714,9 @@ class Run:
                 "SELECT r.host, count(*), count(*) FILTER (WHERE h.alive) FROM check_history h "
                 "JOIN routes r ON r.id = h.route_id WHERE h.id > :m GROUP BY r.host"), {"m": max_id0}).all()
             pg_total = conn.execute(sa.text("SELECT count(*) FROM check_history")).scalar_one()
+            never = conn.execute(sa.text(
+                "SELECT count(*) FROM routes r WHERE NOT EXISTS "
+                "(SELECT 1 FROM check_history h WHERE h.route_id = r.id)")).scalar_one()
             trickle_rows = []
             if "trickle" in extras:
                 th, tp = extras["trickle"]
@@ -733,7 +754,9 @@ class Run:
         f: dict = {
             "routes": len(lines), "interval_s": s.interval, "checks_per_s": checks / window,
             "demand_per_s": len(lines) / s.interval, "completed_per_s": (done1 - done0) / window,
-            "alive_per_s": alive / window, "peak_inflight_per_process": peak_sock, "lab_conns_peak": peak_lab,
+            "alive_per_s": alive / window, "peak_inflight_per_process": peak_sock,
+            "mean_inflight_per_process": sum_sock / max(1, n_samples), "mean_live_leases": sum_leased / max(1, n_samples),
+            "lab_conns_peak": peak_lab,
         }
         magpie_cpu = 0.0
         per_proc = {}
@@ -759,6 +782,7 @@ class Run:
         f["sched_lag_s"] = sched_lag
         f["due_end"] = due_end
         f["backlog_end"] = done1 - pg_total
+        f["never_checked"] = never
         for outcome in ("retried", "lease_lost", "aborted", "malformed"):
             f[outcome] = c1["checks"].get(outcome, 0) - c0["checks"].get(outcome, 0)
         f["stale"] = c1["stale"] - c0["stale"]
@@ -1032,6 +1056,10 @@ def main(argv: list[str] | None = None) -> int:
                     res = Result(error=f"{exc.__class__.__name__}: {exc}")
                 results[tree.path_name] = res
                 out(result_line(s, tree.path_name, res))
+                if not res.error and not res.fields.get("checks_per_s"):
+                    out(f"# note population={s.name} path={tree.path_name}: no result reached PostgreSQL in the "
+                        f"window; retried (judge unreachable) {res.fields.get('retried')}, completed_per_s "
+                        f"{fmt(res.fields.get('completed_per_s', 0.0))}")
                 for part, (n_err, n_warn, firsts) in run.log_summary().items():
                     if n_err or n_warn:
                         out(f"# log population={s.name} path={tree.path_name} phase={part} error_lines={n_err} "

@@ -1,7 +1,12 @@
-"""Route-schedule benchmark: import rate, claim+complete cycles/s, Redis memory per route, and the
-no-script ceiling for the same data movement, all measured in one run against the local Redis.
+"""Route-schedule benchmark: import rate, claim+complete cycles/s, Redis memory per route, the
+no-script ceiling for the same data movement, and the dequeue (payload decode) cost with queue credential
+encryption (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``) off and on, all measured in one run against the local Redis.
 
     .venv/bin/python benchmarks/queue_bench.py [--routes 1000000] [--seconds 5] [--batch 64] [--procs 2]
+        [--encrypt]
+
+``--encrypt`` imports the payloads with their credentials sealed (as ``PROXY_QUEUE_ENCRYPT_CREDENTIALS``
+does), so the memory per route and the cycle rates are those of encrypted payloads.
 
 Uses its own key prefix on Redis database 14 and deletes everything it wrote at the end. Prints each
 figure, our batched rate as a ratio of the ceiling, and one summary line of key=value pairs.
@@ -20,6 +25,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from magpie.crypto import get_keyring  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
 from magpie.routes import Route  # noqa: E402
 
@@ -38,6 +44,25 @@ def payload_for(i: int) -> tuple[str, str]:
                                  "user" + str(i % 997), "pw-" + uuid.UUID(int=i).hex[:20] + "x" * pad), h,
                     [1, 2]).encode()
     return h, p
+
+
+def decode_cost(n: int = 20_000, rounds: int = 5) -> tuple[float, float, int]:
+    """Microseconds per :meth:`Payload.decode` of a plaintext (version 1) and of a sealed (version 2)
+    payload of :func:`payload_for`'s shape (best of ``rounds`` over ``n`` payloads), and the sealed size."""
+    cipher = get_keyring("bench-key-0123456789abcdef").queue
+    plain = [payload_for(i)[1] for i in range(n)]
+    sealed = [Payload.decode(p).encode(cipher) for p in plain]
+
+    def best(texts, c):
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for t in texts:
+                Payload.decode(t, c)
+            times.append(time.perf_counter() - t0)
+        return min(times) / len(texts) * 1e6
+
+    return best(plain, None), best(sealed, cipher), len(sealed[12345 % n])
 
 
 def queue(prefix: str) -> RouteQueue:
@@ -103,20 +128,28 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--encrypt", action="store_true", help="import payloads with sealed credentials")
     a = ap.parse_args()
+    cipher = get_keyring("bench-key-0123456789abcdef").queue if a.encrypt else None
+
+    def item(i: int) -> tuple[str, str]:
+        h, p = payload_for(i)
+        return (h, Payload.decode(p).encode(cipher)) if cipher else (h, p)
+
     prefix = f"magpie-bench:{uuid.uuid4().hex[:8]}:"
     r = redis.Redis.from_url(URL)
     q = queue(prefix)
     try:
-        sample = payload_for(12345)[1]
-        print(f"routes={a.routes} shards={SHARDS} payload_bytes={len(sample)} batch={a.batch} "
+        sample = item(12345)[1]
+        print(f"routes={a.routes} shards={SHARDS} payload_bytes={len(sample)} encrypted={a.encrypt} "
+              f"batch={a.batch} "
               f"seconds_per_figure={a.seconds} procs={a.procs}")
         r.execute_command("MEMORY", "PURGE") if hasattr(r, "execute_command") else None
         mem0 = int(r.info("memory")["used_memory"])
         t0 = time.perf_counter()
         chunk = 10_000
         for off in range(0, a.routes, chunk):
-            q.schedule((payload_for(i) for i in range(off, min(off + chunk, a.routes))), total=a.routes,
+            q.schedule((item(i) for i in range(off, min(off + chunk, a.routes))), total=a.routes,
                        start_index=off, batch=500)
         import_s = time.perf_counter() - t0
         mem1 = int(r.info("memory")["used_memory"])
@@ -141,9 +174,14 @@ def main() -> int:
         ratio = batched / ceiling
         print(f"ratio ours/ceiling, batched one process: {ratio:.2f}; unbatched: {single / ceil_single:.2f}; "
               f"{a.procs} processes: {multi / multi_ceiling:.2f}")
+        us_plain, us_sealed, sealed_bytes = decode_cost()
+        print(f"dequeue decode: {us_plain:.2f} us/payload plaintext, {us_sealed:.2f} us/payload with "
+              f"PROXY_QUEUE_ENCRYPT_CREDENTIALS (AES-SIV, {sealed_bytes}-byte payload): "
+              f"ratio {us_sealed / us_plain:.2f}")
         print(f"summary routes={a.routes} import_routes_per_s={import_rate:.0f} routes_per_s={batched:.0f} "
               f"routes_per_s_single={single:.0f} routes_per_s_multi={multi:.0f} ceiling_routes_per_s={ceiling:.0f} "
-              f"ceiling_ratio={ratio:.2f} bytes_per_route={per_route:.0f}")
+              f"ceiling_ratio={ratio:.2f} bytes_per_route={per_route:.0f} decode_us={us_plain:.2f} "
+              f"decode_us_encrypted={us_sealed:.2f}")
     finally:
         keys = list(r.scan_iter(match=f"*{prefix}*", count=10_000))
         for i in range(0, len(keys), 10_000):

@@ -1,45 +1,101 @@
--- complete.lua: finish leased cycles and schedule each route's next due time. Never writes a payload.
--- KEYS: schedule keys, then the shard key of item i at KEYS[8+i].
--- ARGV[1] clock override, ARGV[2] interval ms, then per item i: ARGV[3i] member, ARGV[3i+1] lease
--- score, ARGV[3i+2] previous score (before the claim).
+-- complete.lua: finish leased cycles, schedule each route's next due time and, in the same atomic step,
+-- append each completed route's result to the results stream. Never writes a payload.
+-- Preludes: lib.lua, stats_floor.lua.
+-- KEYS: schedule keys; with a stream policy, KEYS[9] is the results stream; then the shard key of item i.
+-- ARGV[1] clock override, ARGV[2] interval ms, ARGV[3] stream policy ('' = no stream, 'evict_oldest',
+-- 'drop_new', or 'refuse': change nothing when the results do not fit), ARGV[4] stream bound (unconsumed
+-- entries), ARGV[5] consumer group, then per item: member, lease score, previous score (before the claim),
+-- field count f, then f field/value pairs flattened (f = 0: no result for this item).
 -- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall and retry
--- counts ("in a row" ends here).
--- Returns per item: 1 completed, R_LEASE_LOST (stale holder; nothing changed), R_GONE.
+-- counts ("in a row" ends here). A result is appended if and only if its lease completed.
+-- Returns { dropped, trimmed, full, code_1..code_n, id_1..id_n }: code 1 completed, R_LEASE_LOST (stale
+-- holder; nothing changed) or R_GONE; id the stream id or '' (not completed, no result, or dropped by the
+-- policy); full = 1 when 'refuse' found no room (then nothing changed but the trimming of consumed entries).
 local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
-local n = #KEYS - NCORE
-local res = {}
--- group items by shard: one ZMSCORE to fence and one variadic ZADD to reschedule per shard
+local policy, maxlen, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local stream = nil
+local off = NCORE
+if policy ~= '' then stream = KEYS[NCORE + 1]; off = NCORE + 1 end
+local n = #KEYS - off
+
+-- items: member, lease, prev, and where their fields start in ARGV
+local items = {}
+local pos = 6
+for i = 1, n do
+  local nf = tonumber(ARGV[pos + 3])
+  items[i] = { member = ARGV[pos], lease = ARGV[pos + 1], prev = tonumber(ARGV[pos + 2]), nf = nf, at = pos + 4 }
+  pos = pos + 4 + 2 * nf
+end
+
+-- fence: one ZMSCORE per shard
 local groups, order = {}, {}
 for i = 1, n do
-  local shard = KEYS[NCORE + i]
+  local shard = KEYS[off + i]
   if not groups[shard] then groups[shard] = {}; order[#order + 1] = shard end
   table.insert(groups[shard], i)
 end
-local done = {}
-local hargs = {}
+local res, seen, results = {}, {}, 0
 for _, shard in ipairs(order) do
-  local items = groups[shard]
+  local idx = groups[shard]
   local members = {}
-  for j, i in ipairs(items) do members[j] = ARGV[3 * i] end
+  for j, i in ipairs(idx) do members[j] = items[i].member end
   local scores = redis.call('ZMSCORE', shard, unpack(members))
-  local zargs, seen, low = {}, {}, nil
-  for j, i in ipairs(items) do
-    local member, prev = ARGV[3 * i], tonumber(ARGV[3 * i + 2])
-    local cur = scores[j]
+  for j, i in ipairs(idx) do
+    local it, cur = items[i], scores[j]
     if not cur then
       res[i] = R_GONE
-    elseif seen[member] or tonumber(cur) ~= tonumber(ARGV[3 * i + 1]) then
+    elseif seen[it.member] or tonumber(cur) ~= tonumber(it.lease) then
       res[i] = R_LEASE_LOST  -- a second lease for the same route in one call: only the first can be current
     else
-      seen[member] = true
+      seen[it.member] = true
       res[i] = 1
-      local base = math.floor(prev)
+      if it.nf > 0 then results = results + 1 end
+    end
+  end
+end
+
+-- room in the stream for the completed results (entries already consumed are trimmed first)
+local dropped, trimmed, first_kept = 0, 0, 1
+if stream and results > 0 then
+  local len = redis.call('XLEN', stream)
+  if len + results > maxlen and len > 0 then
+    local floor = consumed_floor(stream, group)
+    if floor then
+      trimmed = redis.call('XTRIM', stream, 'MINID', floor)
+      len = len - trimmed
+    end
+  end
+  local over = len + results - maxlen
+  if over > 0 then
+    if policy == 'refuse' then return { 0, trimmed, 1 } end
+    if policy == 'drop_new' then
+      first_kept = math.max(0, maxlen - len) + 1  -- results past the room are dropped
+      dropped = results - (first_kept - 1)
+      first_kept = -first_kept
+    else  -- evict_oldest: the oldest unconsumed entries make room (and a batch above the bound keeps its tail)
+      if results > maxlen then first_kept = results - maxlen + 1; dropped = results - maxlen end
+      local evict = len - math.max(0, maxlen - (results - dropped))
+      if evict > 0 then
+        redis.call('XTRIM', stream, 'MAXLEN', len - evict)
+        dropped = dropped + evict
+      end
+    end
+  end
+end
+
+-- reschedule and append
+local done, hargs = {}, {}
+for _, shard in ipairs(order) do
+  local zargs, low = {}, nil
+  for _, i in ipairs(groups[shard]) do
+    if res[i] == 1 then
+      local base = math.floor(items[i].prev)
       if now > base then base = now end
       if not low or base + interval < low then low = base + interval end
       zargs[#zargs + 1] = base + interval
-      zargs[#zargs + 1] = member
-      done[#done + 1] = member
+      zargs[#zargs + 1] = items[i].member
+      done[#done + 1] = items[i].member
     end
   end
   if #zargs > 0 then
@@ -49,10 +105,28 @@ for _, shard in ipairs(order) do
   end
 end
 if #hargs > 0 then redis.call('ZADD', K_HEADS, 'LT', unpack(hargs)) end
--- a completed cycle ends the lease and resets the route's stall and retry counts
 if #done > 0 then
   unlease(done)
   redis.call('HDEL', K_STALLS, unpack(done))
   redis.call('HDEL', K_RETRIES, unpack(done))
 end
-return res
+
+local out = { dropped, trimmed, 0 }
+for i = 1, n do out[3 + i] = res[i] end
+local k = 0
+for i = 1, n do
+  local id = ''
+  local it = items[i]
+  if stream and res[i] == 1 and it.nf > 0 then
+    k = k + 1
+    local keep
+    if first_kept < 0 then keep = k < -first_kept else keep = k >= first_kept end
+    if keep then
+      local args = { stream, '*' }
+      for j = it.at, it.at + 2 * it.nf - 1 do args[#args + 1] = ARGV[j] end
+      id = redis.call('XADD', unpack(args))
+    end
+  end
+  out[3 + n + i] = id
+end
+return out

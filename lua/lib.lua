@@ -51,9 +51,11 @@ local function forget(member, logs_prefix)
   if logs_prefix then redis.call('DEL', logs_prefix .. member) end
 end
 
--- The lease index forgets ended leases.
+-- The lease index forgets ended leases (in slices: Lua's unpack takes a few thousand values at most).
 local function unlease(members)
-  if #members > 0 then redis.call('ZREM', K_LEASED, unpack(members)) end
+  for i = 1, #members, 1000 do
+    redis.call('ZREM', K_LEASED, unpack(members, i, math.min(i + 999, #members)))
+  end
 end
 
 -- Fencing: 1 when the stored score equals the holder's lease score, else R_LEASE_LOST or R_GONE.

@@ -5,8 +5,9 @@ returns; each lease starts as soon as one of the engine's slots is free (up to `
 on one event loop). The pool's own coroutines then keep the leases moving:
 
 - **completion flush** every ``complete_interval`` seconds (~100 ms): the leases whose checks finished
-  since the last flush are completed in one fenced script call (``complete.lua``) and their results
-  published to the stream, so a slow route never holds back a fast one;
+  since the last flush are completed and their results appended to the results stream in one atomic,
+  fenced script call (``complete.lua``): a result is recorded if and only if its lease completed, and a
+  slow route never holds back a fast one;
 - **renewal** once a second: leases with less than ``renew_below_ms`` left are renewed in one pipelined
   round trip; a refused renewal (the lease was lost) cancels the check in flight at once, and a lease past
   its expiry is cancelled too;
@@ -23,6 +24,7 @@ and no result is published. A result whose lease was lost is dropped.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -39,11 +41,13 @@ from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
 from magpie.queue import COMPLETED, Lease, Payload, PayloadError, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
+from magpie.queue.completion import Completion, StreamTarget
 from magpie.stats.entry import entry_fields
 
 log = logging.getLogger(__name__)
 
-Publish = Callable[[list[dict[str, str]]], object]
+_COMPLETE_CHUNK = 500  # leases per completion script call (its arguments stay well below Lua's limits)
+
 
 
 @dataclass
@@ -54,7 +58,9 @@ class BatchReport:
     completion refused), ``aborted`` (checks stopped because the lease was lost), ``malformed`` (payloads
     that do not decode; left to expire), ``retried`` (judge unreachable: backoff retry), ``handed_back``
     (released unchecked, too late to start), ``stale_completions`` (completions refused as stale),
-    ``published`` (stream entries written).
+    ``published`` (stream entries written), ``dropped`` (results lost to the stream's bound; their routes
+    were still completed), ``overran`` (checks stopped by the pool's last guard, recorded as ReadTimeout:
+    the event loop fell far behind its deadlines).
     """
 
     completed: int = 0
@@ -65,6 +71,8 @@ class BatchReport:
     handed_back: int = 0
     stale_completions: int = 0
     published: int = 0
+    dropped: int = 0
+    overran: int = 0
 
     def add(self, other: BatchReport) -> None:
         for name in self.__dataclass_fields__:
@@ -104,7 +112,8 @@ class CheckPool:
     Args:
         queue: the schedule the leases come from.
         engine: the :class:`CheckEngine` to check with (bound to this pool's loop once started).
-        publish: ``publish(entries)`` writes completed results to the stream (called on the I/O thread).
+        stream: the results stream completion appends to (:class:`magpie.queue.completion.StreamTarget`;
+            policy ``block`` waits up to ``block_timeout`` seconds for room, then drops the new results).
         capacity: most checks at once (already capped by the descriptor limit).
         renew_below_ms: renew a lease when fewer ms than this remain.
         backoff: delay curve for judge-unreachable retries (attempt = the route's retry count + 1).
@@ -113,29 +122,37 @@ class CheckPool:
         complete_interval: seconds between completion flushes.
         heartbeat: seconds between capacity announcements (their TTL is three of these).
         lateness: optional ``lateness(leases)`` called at admission (metrics of claim lateness).
+        payload_cipher: opens payloads with sealed credentials (:attr:`magpie.crypto.Keyring.queue`);
+            without it such a payload counts as malformed.
     """
 
-    def __init__(self, queue: RouteQueue, engine: CheckEngine, publish: Publish, *, capacity: int,
+    def __init__(self, queue: RouteQueue, engine: CheckEngine, stream: StreamTarget, *, capacity: int,
                  renew_below_ms: float, backoff: Backoff | None = None, registry: CapacityRegistry | None = None,
                  record: Record | None = None, complete_interval: float = 0.1, heartbeat: float = 2.0,
-                 lateness: Callable[[Sequence[Lease]], object] | None = None) -> None:
+                 lateness: Callable[[Sequence[Lease]], object] | None = None, payload_cipher=None,
+                 block_timeout: float = 2.0) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
         self.queue = queue
         self.engine = engine
-        self.publish = publish
+        self.stream = stream
+        self.block_timeout = float(block_timeout)
         self.capacity = int(capacity)
+        self.backlog = max(1, self.capacity // 10)
         self.renew_below_ms = float(renew_below_ms)
         self.backoff = backoff or Backoff("exponential", 5_000, 300_000, 2.0, "full")
         self.registry = registry
         self.record = record
         self.lateness = lateness
+        self.payload_cipher = payload_cipher
         self.complete_interval = float(complete_interval)
         self.heartbeat = float(heartbeat)
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.totals = BatchReport()
         self.peak_running = 0
         self._start_margin_ms = engine.max_check_seconds * 1000.0
+        # last guard over a whole check: the engine's own deadlines plus room for a loaded event loop
+        self._guard_s = engine.max_check_seconds * 1.25 + 5.0
         self._pending: deque[Lease] = deque()
         self._running: dict[int, _Running] = {}
         self._done: list[tuple[Lease, Payload, CheckResult]] = []
@@ -201,8 +218,8 @@ class CheckPool:
 
     # -- admission ----------------------------------------------------------------------------------
     def submit(self, leases: Sequence[Lease], timeout: float | None = None) -> int:
-        """Admit ``leases`` (thread-safe); blocks while a full set of ``capacity`` leases already waits to
-        start, so a process never hoards work another process could run. Returns the count admitted."""
+        """Admit ``leases`` (thread-safe); blocks while a backlog of ``backlog`` leases (a tenth of the
+        capacity) already waits to start, so a full process leaves the next messages to one with free slots. Returns the count admitted."""
         self.start()
         if self.lateness is not None and leases:
             try:
@@ -219,7 +236,7 @@ class CheckPool:
     async def _admit(self, leases: list[Lease]) -> int:
         assert self._room is not None and self._idle is not None
         try:
-            while len(self._pending) >= self.capacity and not self._closing:
+            while len(self._pending) >= self.backlog and not self._closing:
                 self._room.clear()
                 await self._room.wait()
         except asyncio.CancelledError:
@@ -246,7 +263,7 @@ class CheckPool:
             slot.task = loop.create_task(self._run(slot))
         if len(self._running) > self.peak_running:
             self.peak_running = len(self._running)
-        if self._room is not None and len(self._pending) < self.capacity:
+        if self._room is not None and len(self._pending) < self.backlog:
             self._room.set()
         if not self._pending and not self._running and self._idle is not None:
             self._idle.set()
@@ -255,13 +272,13 @@ class CheckPool:
         le = slot.lease
         try:
             try:
-                payload = Payload.decode(le.payload)
+                payload = Payload.decode(le.payload, self.payload_cipher)
             except PayloadError as exc:
                 log.error("route %s has a malformed payload: %s", le.member, exc)
                 self._counts.malformed += 1
                 return
             try:
-                async with asyncio.timeout(self.engine.max_check_seconds + 1.0):  # last guard
+                async with asyncio.timeout(self._guard_s):  # last guard: the engine's deadlines come first
                     res = await self.engine.check(payload.route, before_attempt=lambda _n: not le.cancelled)
             except asyncio.CancelledError:
                 if self._closing:
@@ -270,7 +287,7 @@ class CheckPool:
                 self._counts.aborted += 1
                 return
             except TimeoutError:
-                log.error("check of route %s outlived its deadline; stopped", le.member)
+                self._counts.overran += 1
                 res = CheckResult(False, None, None, self.engine.attempts, "ReadTimeout", None, None,
                                   self.engine.judge_url, int(time.time() * 1000))
             if res.error == "Aborted":
@@ -305,14 +322,33 @@ class CheckPool:
             return
         await self._in_io(self._flush_sync, done, retry, handback, counts)
 
+    def _complete(self, leases: list[Lease], results: list[dict[str, str]]) -> Completion:
+        """One atomic completion + append; the ``block`` policy waits for room, then drops new results."""
+        if self.stream.policy != "block":
+            return self.queue.complete_with_results(leases, results, self.stream)
+        deadline = time.monotonic() + self.block_timeout
+        waiting = dataclasses.replace(self.stream, policy="refuse")
+        while True:
+            comp = self.queue.complete_with_results(leases, results, waiting)
+            if not comp.full:
+                return comp
+            if time.monotonic() >= deadline:
+                return self.queue.complete_with_results(leases, results,
+                                                        dataclasses.replace(self.stream, policy="drop_new"))
+            time.sleep(0.05)
+
     def _flush_sync(self, done, retry, handback, report: BatchReport) -> None:
         entries: list[dict[str, str]] = []
-        if done:
-            codes = self.queue.complete([le for le, _, _ in done])
-            for (le, payload, res), code in zip(done, codes):
+        for i in range(0, len(done), _COMPLETE_CHUNK):
+            chunk = done[i: i + _COMPLETE_CHUNK]
+            results = [result_entry(payload, res) for _, payload, res in chunk]
+            comp = self._complete([le for le, _, _ in chunk], results)
+            report.dropped += comp.dropped
+            for fields, code, stream_id in zip(results, comp.codes, comp.ids):
                 if code == COMPLETED:
                     report.completed += 1
-                    entries.append(result_entry(payload, res))
+                    if stream_id:
+                        entries.append(fields)
                 else:
                     report.lease_lost += 1
                     report.stale_completions += 1
@@ -325,9 +361,11 @@ class CheckPool:
         if handback:
             self.queue.release(handback)
             report.handed_back += len(handback)
-        if entries:
-            self.publish(entries)
-            report.published = len(entries)
+        report.published = len(entries)
+        if report.overran:
+            log.warning("%d checks outlived their deadline by more than the guard's slack and were stopped "
+                        "(the event loop is overloaded: lower MAGPIE_CHECKS_PER_PROCESS or add processes)",
+                        report.overran)
         self.totals.add(report)
         if self.record is not None:
             try:

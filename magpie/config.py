@@ -4,19 +4,31 @@ Names keep those of the system magpie replaces where it gives one (``PROXY_QUEUE
 ``PROXY_QUEUE_ENCRYPT_CREDENTIALS``, ``PROXY_ENCRYPTION_KEY``), ``MAGPIE_*`` for the rest. Defaults work
 against this machine kind's local services (PostgreSQL, Redis and RabbitMQ on 127.0.0.1).
 
-A bad value raises :class:`ConfigError` at start with the variable's name in the message.
+A bad value raises :class:`ConfigError` at start with the variable's name in the message. Durations have
+upper bounds (:data:`DAY`, :data:`MONTH`...) so that a typo such as ``1e300`` is refused, not "forever".
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import re
 from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from magpie import redact
 from magpie.errors import MagpieError
+
+
+BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
+"""Broker URL schemes magpie runs on (Celery/kombu transports: Redis and RabbitMQ; memory for tests)."""
+
+HOUR = 3600.0
+DAY = 86400.0
+MONTH = 30 * DAY  # upper bounds of durations (seconds): a typo such as 1e300 never means "forever"
 
 
 class ConfigError(MagpieError, ValueError):
@@ -56,6 +68,7 @@ class CheckSettings:
     retry_cap_ms: int
     complete_interval: float
     heartbeat: float
+    judge_ca_bundle: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,23 +93,26 @@ class Settings(BaseSettings):
     )
     redis_url: str = Field("redis://127.0.0.1:6379/0", alias="MAGPIE_REDIS_URL")
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
+    """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
+    ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
     result_backend: str | None = Field(None, alias="MAGPIE_RESULT_BACKEND")
     broker_key_prefix: str = Field("", alias="MAGPIE_BROKER_KEY_PREFIX")
     """Key prefix for a Redis broker's own keys (kombu ``global_keyprefix``), to share one Redis database."""
     redis_prefix: str = Field("magpie:", alias="MAGPIE_REDIS_PREFIX")
 
-    check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", ge=0.1)
-    """Seconds between two checks of one route."""
-    lease_seconds: float = Field(300.0, alias="MAGPIE_LEASE_SECONDS", ge=1)
-    """Lease length in seconds given by a claim or a renewal (5 minutes by default)."""
-    renew_below_seconds: float = Field(120.0, alias="MAGPIE_RENEW_BELOW_SECONDS", ge=0)
+    check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", ge=0.1, le=MONTH)
+    """Seconds between two checks of one route (at most 30 days)."""
+    lease_seconds: float = Field(300.0, alias="MAGPIE_LEASE_SECONDS", ge=1, le=DAY)
+    """Lease length in seconds given by a claim or a renewal (5 minutes by default, at most one day: a
+    lease must expire for a lost check's route to come back)."""
+    renew_below_seconds: float = Field(120.0, alias="MAGPIE_RENEW_BELOW_SECONDS", ge=0, le=DAY)
     """A check renews its lease between attempts when fewer than this many seconds remain."""
     max_inflight: int = Field(1_000_000, alias="MAGPIE_MAX_INFLIGHT", ge=1)
     """Upper bound on outstanding leases that promote will hand out, over every check worker. Promote also
     never hands out more than the registered check engines have slots (``MAGPIE_CHECKS_PER_PROCESS`` per
     process), so the default does not cap a node; lower it to protect a small Redis or judge."""
-    promote_interval: float = Field(1.0, alias="MAGPIE_PROMOTE_INTERVAL", gt=0)
-    """Seconds between two beat-triggered promote passes."""
+    promote_interval: float = Field(1.0, alias="MAGPIE_PROMOTE_INTERVAL", gt=0, le=300)
+    """Seconds between two beat-triggered promote passes (at most 5 minutes)."""
     promote_budget: int = Field(20_000, alias="MAGPIE_PROMOTE_BUDGET", ge=1)
     """Most routes one promote pass claims (catch-up after downtime never bursts past it)."""
     routes_per_task: int = Field(250, alias="MAGPIE_ROUTES_PER_TASK", ge=1, le=5000)
@@ -116,26 +132,37 @@ class Settings(BaseSettings):
 
     max_stalled: int = Field(3, alias="MAGPIE_MAX_STALLED", ge=0)
     """A route re-claimed after lease expiry more than this many times in a row is dead-lettered."""
-    retry_base: float = Field(5.0, alias="MAGPIE_RETRY_BASE", gt=0)
-    """Seconds of the first backoff delay after an infrastructure failure (judge unreachable)."""
-    retry_cap: float = Field(300.0, alias="MAGPIE_RETRY_CAP", gt=0)
-    """Upper bound in seconds on a backoff delay."""
+    retry_base: float = Field(5.0, alias="MAGPIE_RETRY_BASE", gt=0, le=HOUR)
+    """Seconds of the first backoff delay after an infrastructure failure (judge unreachable; at most 1 h)."""
+    retry_cap: float = Field(300.0, alias="MAGPIE_RETRY_CAP", gt=0, le=DAY)
+    """Upper bound in seconds on a backoff delay (at most one day)."""
 
     queue_shards: int = Field(16, alias="PROXY_QUEUE_SHARDS", ge=1, le=128)
     encrypt_queue_credentials: bool = Field(False, alias="PROXY_QUEUE_ENCRYPT_CREDENTIALS")
+    """Seal route credentials in new and changed Redis queue payloads (AES-SIV, key derived from
+    ``PROXY_ENCRYPTION_KEY``); readers take sealed and plaintext payloads either way. Payloads already
+    stored are converted by ``magpie queue migrate-payloads --encrypt`` (``--decrypt`` goes back)."""
     encryption_key: str = Field(
         "magpie-development-key-change-me", alias="PROXY_ENCRYPTION_KEY", min_length=16
     )
-    """Root secret: credential encryption at rest and the keyed route hash derive from it. Keep it stable."""
+    """Root secret: credential encryption at rest and the keyed route hash derive from it. Keep it stable:
+    the database records its fingerprint on first use and every process refuses to start with another key."""
+    key_check_wait: float = Field(60.0, alias="MAGPIE_KEY_CHECK_WAIT", ge=0, le=3600)
+    """Seconds a starting worker or beat waits for PostgreSQL (reachable and migrated) to check
+    ``PROXY_ENCRYPTION_KEY`` against before it gives up (exit status 2)."""
 
     judge_url: str = Field("http://127.0.0.1:8899/", alias="MAGPIE_JUDGE_URL")
+    judge_ca_bundle: str | None = Field(None, alias="MAGPIE_JUDGE_CA_BUNDLE")
+    """PEM file of the CA certificates trusted for an https judge, instead of the system trust store (a
+    self-hosted judge with a private CA). Certificates and host names are always verified."""
     check_allow_private: str = Field("false", alias="MAGPIE_CHECK_ALLOW_PRIVATE")
     """Non-public destinations checks may reach: ``false`` (none: only public unicast proxies and judges),
     ``true`` (every private range), or CIDRs such as ``127.0.0.0/8,::1`` (the lab and demo run on loopback).
     Checked at import for IP literals and again before every connection (names after resolution)."""
-    check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0)
-    """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer)."""
-    connect_timeout_s: float | None = Field(None, alias="MAGPIE_CONNECT_TIMEOUT", gt=0)
+    check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0, le=600)
+    """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer; at most
+    10 minutes)."""
+    connect_timeout_s: float | None = Field(None, alias="MAGPIE_CONNECT_TIMEOUT", gt=0, le=600)
     """Seconds for the TCP connect plus the proxy handshake of one attempt (default: half of
     ``MAGPIE_CHECK_TIMEOUT``; never more than it)."""
     check_attempts: int = Field(2, alias="MAGPIE_CHECK_ATTEMPTS", ge=1, le=10)
@@ -168,18 +195,19 @@ class Settings(BaseSettings):
     delivery_drain_seconds: float = Field(4.0, alias="MAGPIE_DELIVERY_DRAIN_SECONDS", gt=0)
     """A drain stops claiming new webhook deliveries after this many seconds (keep it below the interval so
     beat-triggered drains rarely overlap)."""
-    delivery_claim_seconds: float = Field(60.0, alias="MAGPIE_DELIVERY_CLAIM_SECONDS", gt=0)
+    delivery_claim_seconds: float = Field(60.0, alias="MAGPIE_DELIVERY_CLAIM_SECONDS", gt=0, le=DAY)
     """Lifetime in seconds of a delivery claim; an expired claim is re-claimed by another worker."""
-    webhook_timeout: float = Field(10.0, alias="MAGPIE_WEBHOOK_TIMEOUT", gt=0)
+    webhook_timeout: float = Field(10.0, alias="MAGPIE_WEBHOOK_TIMEOUT", gt=0, le=600)
     """Connect and read timeout in seconds of one webhook POST."""
     webhook_max_attempts: int = Field(4, alias="MAGPIE_WEBHOOK_MAX_ATTEMPTS", ge=1, le=100)
     """Attempts per webhook delivery before it is marked failed."""
-    webhook_backoff_base: float = Field(10.0, alias="MAGPIE_WEBHOOK_BACKOFF_BASE", gt=0)
+    webhook_backoff_base: float = Field(10.0, alias="MAGPIE_WEBHOOK_BACKOFF_BASE", gt=0, le=DAY)
     """Seconds before the first webhook retry (exponential, factor 2, equal jitter: never immediate)."""
-    webhook_backoff_cap: float = Field(600.0, alias="MAGPIE_WEBHOOK_BACKOFF_CAP", gt=0)
+    webhook_backoff_cap: float = Field(600.0, alias="MAGPIE_WEBHOOK_BACKOFF_CAP", gt=0, le=DAY)
     """Upper bound in seconds on a webhook retry delay."""
-    webhook_allow_private: bool = Field(False, alias="MAGPIE_WEBHOOK_ALLOW_PRIVATE")
-    """Allow webhook targets resolving to private, loopback or link-local addresses (off by default)."""
+    webhook_allow_private: str = Field("false", alias="MAGPIE_WEBHOOK_ALLOW_PRIVATE")
+    """Non-public addresses webhook targets may resolve to, as ``MAGPIE_CHECK_ALLOW_PRIVATE`` takes them:
+    ``false`` (none, the default), ``true`` (every private range) or CIDRs such as ``10.0.0.0/8,::1``."""
 
     smtp_host: str = Field("127.0.0.1", alias="MAGPIE_SMTP_HOST")
     """SMTP server for the email outbox."""
@@ -190,7 +218,7 @@ class Settings(BaseSettings):
     smtp_tls: str = Field("none", alias="MAGPIE_SMTP_TLS", pattern=r"^(none|starttls|tls)$")
     """``none`` (plain), ``starttls`` (upgrade after EHLO) or ``tls`` (implicit TLS, usually port 465)."""
     smtp_from: str = Field("magpie@localhost", alias="MAGPIE_SMTP_FROM")
-    smtp_timeout: float = Field(30.0, alias="MAGPIE_SMTP_TIMEOUT", gt=0)
+    smtp_timeout: float = Field(30.0, alias="MAGPIE_SMTP_TIMEOUT", gt=0, le=600)
     """Seconds; socket timeout of one SMTP session."""
     smtp_ca_file: str | None = Field(None, alias="MAGPIE_SMTP_CA_FILE")
     """PEM bundle trusted for the SMTP server's certificate (default: the system store)."""
@@ -200,13 +228,13 @@ class Settings(BaseSettings):
     """Seconds between beat-triggered outbox drains."""
     email_drain_seconds: float = Field(4.0, alias="MAGPIE_EMAIL_DRAIN_SECONDS", gt=0)
     """An outbox drain stops claiming new rows after this many seconds (keep it below the interval)."""
-    email_claim_seconds: float = Field(120.0, alias="MAGPIE_EMAIL_CLAIM_SECONDS", gt=0)
+    email_claim_seconds: float = Field(120.0, alias="MAGPIE_EMAIL_CLAIM_SECONDS", gt=0, le=DAY)
     """Lifetime in seconds of an outbox claim; housekeeping returns expired claims to pending."""
     email_max_attempts: int = Field(8, alias="MAGPIE_EMAIL_MAX_ATTEMPTS", ge=1, le=100)
     """Attempts per outbox email before it is marked failed."""
-    email_backoff_base: float = Field(30.0, alias="MAGPIE_EMAIL_BACKOFF_BASE", gt=0)
+    email_backoff_base: float = Field(30.0, alias="MAGPIE_EMAIL_BACKOFF_BASE", gt=0, le=DAY)
     """Seconds before the first email retry (exponential, factor 2, equal jitter: never immediate)."""
-    email_backoff_cap: float = Field(3600.0, alias="MAGPIE_EMAIL_BACKOFF_CAP", gt=0)
+    email_backoff_cap: float = Field(3600.0, alias="MAGPIE_EMAIL_BACKOFF_CAP", gt=0, le=DAY)
     """Upper bound in seconds on an email retry delay."""
     outbox_retention_seconds: int = Field(7 * 86400, alias="MAGPIE_OUTBOX_RETENTION_SECONDS", ge=0)
     """Sent outbox rows older than this (by ``sent_at``) are deleted by housekeeping."""
@@ -218,7 +246,14 @@ class Settings(BaseSettings):
     # -- maintenance, statistics upkeep and metrics --------------------------------------------------
     stats_max_deliveries: int = Field(5, alias="MAGPIE_STATS_MAX_DELIVERIES", ge=1, le=1000)
     """A stream entry delivered this many times without being acknowledged goes to the dead-letter stream
-    on its next delivery instead of being applied again."""
+    on its next delivery instead of being applied again. Deliveries that met an infrastructure failure of
+    the database (unreachable, read-only, disk full, timeouts, serialization failures) do not count."""
+    stats_infra_backoff: float = Field(1.0, alias="MAGPIE_STATS_INFRA_BACKOFF", ge=0, le=300)
+    """Seconds ingestion waits after the database failed a batch for infrastructure reasons before one
+    trial batch; doubles after each further failure up to ``MAGPIE_STATS_INFRA_BACKOFF_CAP``. Nothing is
+    read (so no delivery is spent) while it runs; a commit ends it."""
+    stats_infra_backoff_cap: float = Field(30.0, alias="MAGPIE_STATS_INFRA_BACKOFF_CAP", ge=0, le=3600)
+    """Most seconds between two trial batches while the database keeps refusing writes."""
     stats_overflow: Literal["block", "drop_new", "evict_oldest"] = Field(
         "evict_oldest", alias="MAGPIE_STATS_OVERFLOW"
     )
@@ -239,7 +274,7 @@ class Settings(BaseSettings):
     """Most batches one pass of a maintenance job runs; the next pass continues where it stopped."""
     maintenance_max_run_seconds: float = Field(120.0, alias="MAGPIE_MAINTENANCE_MAX_RUN_SECONDS", gt=0)
     """Seconds after which a maintenance pass stops at its next batch boundary."""
-    maintenance_lock_ttl: float = Field(60.0, alias="MAGPIE_MAINTENANCE_LOCK_TTL", ge=1)
+    maintenance_lock_ttl: float = Field(60.0, alias="MAGPIE_MAINTENANCE_LOCK_TTL", ge=1, le=DAY)
     """Seconds of a maintenance job's leader-lock lease (renewed every third of it while the job runs)."""
     maintenance_cadences: str = Field("", alias="MAGPIE_MAINTENANCE_CADENCES")
     """Per-job cadence overrides in seconds, ``job=seconds`` separated by commas
@@ -263,6 +298,16 @@ class Settings(BaseSettings):
     """When set, each Celery worker's main process serves ``/metrics`` on this port."""
     metrics_host: str = Field("127.0.0.1", alias="MAGPIE_METRICS_HOST")
     """Address the metrics endpoint binds to."""
+    flower_address: str = Field("127.0.0.1", alias="MAGPIE_FLOWER_ADDRESS")
+    """Address Flower binds to (read by ``flowerconfig.py``); ``0.0.0.0`` only inside a container whose
+    port is published on the host's loopback."""
+    flower_port: int = Field(5555, alias="MAGPIE_FLOWER_PORT", ge=1, le=65535)
+    """Port Flower listens on (read by ``flowerconfig.py``)."""
+    flower_basic_auth: str | None = Field(None, alias="MAGPIE_FLOWER_BASIC_AUTH")
+    """``user:password`` Flower requires (HTTP basic auth); Flower refuses to start without it (or
+    ``--basic-auth``/``--auth``) unless ``MAGPIE_FLOWER_ALLOW_NO_AUTH`` is set. Checked by Flower only."""
+    flower_allow_no_auth: bool = Field(False, alias="MAGPIE_FLOWER_ALLOW_NO_AUTH")
+    """Let Flower start without authentication, on a loopback address only (local development)."""
     health_timeout: float = Field(2.0, alias="MAGPIE_HEALTH_TIMEOUT", gt=0, le=60)
     """Seconds each readiness probe (Redis, PostgreSQL, broker) may take."""
 
@@ -272,12 +317,23 @@ class Settings(BaseSettings):
         parse_cadences(v)
         return v
 
-    @field_validator("check_allow_private")
+    @field_validator("check_allow_private", "webhook_allow_private", mode="before")
     @classmethod
-    def _allow_private(cls, v: str) -> str:
+    def _allow_private(cls, v):
         from magpie.egress import parse_allow
 
+        if isinstance(v, bool):  # a bool (an override, an older config) stays as its word
+            v = "true" if v else "false"
         parse_allow(v)
+        return v
+
+    @field_validator("judge_ca_bundle")
+    @classmethod
+    def _ca_bundle_readable(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            return None
+        if v is not None and not os.path.isfile(v):
+            raise ValueError("not a readable PEM file")
         return v
 
     @field_validator("redis_url")
@@ -302,7 +358,7 @@ class Settings(BaseSettings):
             self.judge_url, self.check_timeout, self.connect_timeout, self.check_attempts, self.body_cap,
             self.check_allow_private, self.checks_per_process, self.renew_below_seconds * 1000,
             int(self.retry_base * 1000), int(self.retry_cap * 1000), self.complete_interval,
-            self.checker_heartbeat)
+            self.checker_heartbeat, judge_ca_bundle=self.judge_ca_bundle)
 
     @property
     def stream(self) -> StreamSettings:
@@ -319,6 +375,18 @@ class Settings(BaseSettings):
     def max_check_seconds(self) -> float:
         """Upper bound in seconds on one check: attempts x deadline plus one second of slack."""
         return self.check_attempts * self.check_timeout + 1.0
+
+    @model_validator(mode="after")
+    def _broker_scheme(self) -> "Settings":
+        # checked across the model so that the rejected URL (it may hold a password) is never echoed
+        for url in self.broker_url.split(";"):
+            scheme, sep, _ = url.strip().partition("://")
+            if not sep or scheme.lower() not in BROKER_SCHEMES:
+                named = sep and re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,19}", scheme)
+                names = ", ".join(s + "://" for s in BROKER_SCHEMES[:-1]) + f" or {BROKER_SCHEMES[-1]}://"
+                raise ValueError(f"MAGPIE_BROKER_URL: must be a {names} URL "
+                                 f"(got {f'scheme {scheme!r}' if named else 'no scheme'})")
+        return self
 
     @model_validator(mode="after")
     def _lease_fits_checks(self) -> "Settings":
@@ -372,7 +440,9 @@ def parse_cadences(text: str) -> dict[str, float]:
 def load_settings(**overrides) -> Settings:
     """Build settings from the environment plus explicit ``overrides`` (field names).
 
-    Raises :class:`ConfigError` naming the environment variable when a value is invalid.
+    Raises :class:`ConfigError` naming the environment variable when a value is invalid. The message
+    never holds a secret (:mod:`magpie.redact`): values of secret settings show as ``'***'``, URL
+    passwords as ``user:***@``, and any secret value a validator's text repeats is masked too.
     """
     try:
         return Settings(**overrides)
@@ -385,8 +455,13 @@ def load_settings(**overrides) -> Settings:
             loc = err["loc"][0]
             field = Settings.model_fields.get(str(loc))
             name = field.alias if field is not None and field.alias else str(loc)
-            parts.append(f"{name}: {err['msg']} (got {err.get('input')!r})")
-        raise ConfigError("invalid magpie configuration: " + "; ".join(parts)) from None
+            parts.append(f"{name}: {err['msg']} (got {redact.shown(name, err.get('input'))})")
+        fields = Settings.model_fields.items()
+        names = {**{(f.alias or k).upper(): (f.alias or k).upper() for k, f in fields},
+                 **{k.upper(): (f.alias or k).upper() for k, f in fields}}
+        secrets = redact.secret_values(redact.raw_values(names, overrides))
+        message = redact.scrub("invalid magpie configuration: " + "; ".join(parts), secrets)
+        raise ConfigError(message) from None
 
 
 @functools.lru_cache(maxsize=1)

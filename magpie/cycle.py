@@ -9,6 +9,7 @@ side, which runs the leases, completes them and publishes their results, is :mod
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from magpie.checkpool import BatchReport  # noqa: F401 (re-exported: the outcome counts of a flush)
@@ -20,7 +21,9 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
     """Claim due routes and dispatch them, ``routes_per_task`` leases per message.
 
     Args:
-        dispatch: called with a list of :meth:`Lease.to_dict` dicts (one check-task message).
+        dispatch: called with a list of :meth:`Lease.to_dict` dicts (one check-task message; the
+            Celery dispatch seals the list as one unit, :mod:`magpie.queue.seal`, so no payload or
+            credential reaches the broker or task events in clear).
         budget: most routes claimed in this pass (catch-up after downtime never bursts past it).
         max_inflight: cap on outstanding leases (``MAGPIE_MAX_INFLIGHT``).
         pop_batch: routes per ``pop.lua`` call.
@@ -64,7 +67,46 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
         capacity: check slots the running engines announce
             (:meth:`magpie.queue.capacity.CapacityRegistry.total`); see :func:`promote`.
     Returns the number of routes claimed.
+
+    ``MAGPIE_PROMOTE_BUDGET`` holds per second across concurrent passes (two beats, a restart's burst):
+    each pass takes its budget from a per-second bucket in Redis (:func:`take_promote_budget`) and hands
+    back what it did not claim.
     """
     sched = getattr(settings, "schedule", settings)
-    return promote(queue, dispatch, budget=sched.promote_budget, max_inflight=sched.max_inflight,
-                   pop_batch=sched.pop_batch, routes_per_task=sched.routes_per_task, capacity=capacity)
+    granted, second = take_promote_budget(queue, sched.promote_budget)
+    if granted <= 0:
+        return 0
+    # If promote raises, nothing is handed back: the bucket errs on the safe side.
+    claimed = promote(queue, dispatch, budget=granted, max_inflight=sched.max_inflight,
+                      pop_batch=sched.pop_batch, routes_per_task=sched.routes_per_task, capacity=capacity)
+    if claimed < granted:
+        give_back_promote_budget(queue, granted - claimed, second)
+    return claimed
+
+
+@functools.cache
+def _budget_text() -> str:
+    from magpie.queue.scripts import LUA_DIR
+
+    return (LUA_DIR / "promote_budget.lua").read_text(encoding="utf-8")
+
+
+def budget_key(queue: RouteQueue) -> str:
+    """Key of promote's per-second budget bucket, under the schedule's hash tag."""
+    return queue.keys.base + "promote_budget"
+
+
+def take_promote_budget(queue: RouteQueue, budget: int) -> tuple[int, int]:
+    """Take up to ``budget`` routes from this second's shared promote budget (``lua/promote_budget.lua``,
+    Redis clock): ``(granted, second)``. Passes in the same second share ``budget`` between them.
+
+    Raises ``redis.RedisError`` when Redis is unreachable."""
+    granted, second = queue.r.register_script(_budget_text())(
+        keys=[budget_key(queue)], args=["take", int(budget), int(budget)])
+    return int(granted), int(second)
+
+
+def give_back_promote_budget(queue: RouteQueue, unused: int, second: int) -> None:
+    """Hand ``unused`` routes of a grant taken in ``second`` back to the bucket (only while that second
+    lasts). Raises ``redis.RedisError`` when Redis is unreachable."""
+    queue.r.register_script(_budget_text())(keys=[budget_key(queue)], args=["give", int(unused), int(second)])

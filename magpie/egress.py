@@ -30,6 +30,15 @@ _SIXTOFOUR = ipaddress.ip_network("2002::/16")
 _TEREDO = ipaddress.ip_network("2001::/32")
 
 
+def is_ip_literal(host: str) -> bool:
+    """True when ``host`` is an IPv4 or IPv6 address (no brackets, optional ``%zone``), not a name."""
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        return False
+
+
 class EgressRefused(MagpieError, ValueError):
     """A destination address is outside what the egress policy allows; the message names it and why."""
 

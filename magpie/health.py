@@ -9,6 +9,16 @@ Probes, each bounded by ``MAGPIE_HEALTH_TIMEOUT`` seconds:
 * ``queue``: the schedule is bootstrapped: its heads index exists, or it was built from PostgreSQL (the
   rebuild marker is set; an operator may have drained it since), or PostgreSQL holds no route that a
   workspace owns (nothing to schedule).
+* ``key``: ``PROXY_ENCRYPTION_KEY`` matches the fingerprint recorded in PostgreSQL (or none is recorded
+  yet); read only, it never records one.
+* ``judge``: no network; fails only when ``MAGPIE_JUDGE_CA_BUNDLE`` cannot be loaded for an https judge.
+  For an https judge its detail notes that anonymity grading cannot see headers a proxy adds.
+
+* ``stats``: statistics ingestion (Redis only): not ready while ingestion backs off because PostgreSQL
+  refused writes (read-only, disk full, timeouts: results wait in the stream, none is lost, but none is
+  stored either), until a write succeeds; ready with ``"warn": true`` (``WARN`` in the text output) while
+  the dead-letter stream holds entries: nothing is blocked, but those results need an operator
+  (inspect, then ``magpie stats redrive``).
 
 Readiness does not prove that jobs finish: watch ``magpie_maintenance_last_success_timestamp_seconds``,
 failures and backlog for that (``magpie metrics``).
@@ -34,6 +44,51 @@ def _probe(fn: Callable[[], str]) -> dict:
     return {"ok": ok, "detail": detail, "ms": round((time.monotonic() - t0) * 1000, 1)}
 
 
+def judge_probe(settings) -> str:
+    """The judge's TLS setup, without connecting: the CA bundle loads, and the https grading note.
+
+    Raises :class:`magpie.config.ConfigError` when ``MAGPIE_JUDGE_CA_BUNDLE`` cannot be loaded.
+    """
+    from magpie.checker.tls import HTTPS_JUDGE_NOTE, is_https, judge_ssl_context
+
+    if not is_https(settings.judge_url):
+        return "http judge (anonymity graded from the headers it echoes)"
+    judge_ssl_context(settings.judge_ca_bundle)
+    trust = "CAs of MAGPIE_JUDGE_CA_BUNDLE" if settings.judge_ca_bundle else "system trust store"
+    return f"{HTTPS_JUDGE_NOTE} (certificates verified against the {trust})"
+
+
+class _Warning(str):
+    """A probe's detail that is a warning: the check is ok, but an operator should look."""
+
+
+def stats_probe(r: redis_lib.Redis, prefix: str) -> str:
+    """The ``stats`` probe's detail; a :class:`_Warning` while dead letters wait.
+
+    Raises ``RuntimeError`` while ingestion backs off because the database refuses writes."""
+    from magpie.stats.status import pending_summary
+
+    s = pending_summary(r, prefix)
+    inf = s["infra"]
+    if inf is not None:
+        raise RuntimeError(
+            f"ingestion backing off: the database failed {inf['failures']} write attempt(s) in a row "
+            f"(last: {inf['error']}); results wait in the stream"
+        )
+    backlog = s["length"] if s["lag"] is None else s["lag"]
+    detail = f"backlog {backlog}, pending {s['pending']}"
+    if s["dead"]:
+        return _Warning(f"{s['dead']} dead-lettered result(s) ({detail}): inspect, then "
+                        "`magpie stats redrive`")
+    return f"{detail}, no dead letters"
+
+
+def _stats_check(r: redis_lib.Redis, prefix: str) -> dict:
+    out = _probe(lambda: stats_probe(r, prefix))
+    out["warn"] = isinstance(out["detail"], _Warning)
+    return out
+
+
 def check_health(settings, *, timeout: float | None = None) -> dict:
     """Run every readiness probe.
 
@@ -41,7 +96,8 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
         settings: :class:`magpie.config.Settings`.
         timeout: seconds per probe (default ``MAGPIE_HEALTH_TIMEOUT``).
     Returns:
-        ``{"ready": bool, "checks": {"redis" | "postgres" | "broker" | "schema" | "queue":
+        ``{"ready": bool, "checks": {"redis" | "postgres" | "broker" | "schema" | "key" | "judge" | "queue" |
+        "scripts" | "engines":
         {"ok": bool, "detail": str, "ms": float}}}``; ``ready`` is True only when every check is ok.
         Never raises for an unreachable service (it shows as a failed check).
     """
@@ -96,6 +152,18 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
                 )
             return f"at head {head}"
 
+        def key_probe() -> str:
+            from magpie.crypto import KeyMismatchError
+            from magpie.db.keycheck import MISMATCH_MESSAGE, read_status, short
+
+            st = read_status(engine, settings.encryption_key)
+            if st.state == "mismatch":
+                raise KeyMismatchError(MISMATCH_MESSAGE)
+            if st.state == "unrecorded":
+                return ("PROXY_ENCRYPTION_KEY not recorded yet "
+                        "(the first process using the database records it)")
+            return f"PROXY_ENCRYPTION_KEY matches the recorded fingerprint {short(st.recorded)}"
+
         def queue_probe() -> str:
             from magpie.queue import QueueKeys
 
@@ -134,15 +202,22 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
 
         checks["redis"] = _probe(redis_probe)
         checks["postgres"] = _probe(pg_probe)
+        checks["judge"] = _probe(lambda: judge_probe(settings))
         checks["broker"] = _probe(broker_probe)
         checks["schema"] = (
             _probe(schema_probe)
             if checks["postgres"]["ok"]
             else {"ok": False, "detail": "PostgreSQL unreachable", "ms": 0.0}
         )
+        checks["key"] = (
+            _probe(key_probe)
+            if checks["postgres"]["ok"]
+            else {"ok": False, "detail": "PostgreSQL unreachable", "ms": 0.0}
+        )
         if checks["redis"]["ok"]:
             checks["scripts"] = _probe(scripts_probe)
             checks["engines"] = _probe(engines_probe)
+            checks["stats"] = _stats_check(r, settings.redis_prefix)
         if checks["redis"]["ok"] and checks["postgres"]["ok"]:
             checks["queue"] = _probe(queue_probe)
         else:

@@ -212,8 +212,19 @@ def _stream_families(r: redis_lib.Redis, prefix: str):
     )
     yield GaugeMetricFamily(
         "magpie_statistics_dead_letters",
-        "Entries in the statistics dead-letter stream",
+        "Entries in the statistics dead-letter stream (magpie stats redrive moves them back)",
         value=summary["dead"],
+    )
+    inf = summary.get("infra")
+    yield GaugeMetricFamily(
+        "magpie_statistics_ingest_backing_off",
+        "1 while ingestion waits for the database to accept writes again (nothing is read meanwhile)",
+        value=0 if inf is None else 1,
+    )
+    yield GaugeMetricFamily(
+        "magpie_statistics_ingest_infra_failures",
+        "Infrastructure failures of the database in a row seen by ingestion (0 once a write succeeds)",
+        value=0 if inf is None else inf["failures"],
     )
     floor = replay_floor(r, prefix)
     if floor is not None:

@@ -59,8 +59,9 @@ def capacity_registry():
 def check_pool():
     """This process's started :class:`magpie.checkpool.CheckPool` (built on first use, after a fork anew).
 
-    Its capacity is ``MAGPIE_CHECKS_PER_PROCESS`` capped below the descriptor limit; it publishes results
-    to the stream, records check metrics and announces its slots to the capacity registry.
+    Its capacity is ``MAGPIE_CHECKS_PER_PROCESS`` capped below the descriptor limit; its completions append
+    results to the stream atomically, it records check metrics and announces its slots to the capacity
+    registry.
     """
 
     def build():
@@ -69,7 +70,9 @@ def check_pool():
         from magpie.checker.engine import CheckEngine
         from magpie.checker.limits import checks_within_fd_limit
         from magpie.checkpool import CheckPool
-        from magpie.stats import producer
+        from magpie.queue.completion import StreamTarget
+        from magpie.queue.payload import read_cipher
+        from magpie.stats.keys import GROUP, stream_key
 
         s = settings()
         checks, stream, prefix = s.checks, s.stream, s.redis_prefix
@@ -78,17 +81,20 @@ def check_pool():
         def record(report, entries):
             counters.record_check_batch(r, prefix, counters.check_outcomes(report, entries),
                                         report.stale_completions, [])
+            if report.dropped:
+                counters.count_stats_drops(r, prefix, stream.overflow, report.dropped)
 
         def lateness(leases):
             counters.record_check_batch(r, prefix, {}, 0, counters.lease_lateness_ms(leases))
 
         pool = CheckPool(
             route_queue(), CheckEngine.from_settings(checks),
-            lambda entries: producer.publish_with_settings(r, stream, entries),
+            StreamTarget(stream_key(prefix), GROUP, stream.maxlen, stream.overflow), block_timeout=stream.block_timeout,
             capacity=checks_within_fd_limit(checks.checks_per_process), renew_below_ms=checks.renew_below_ms,
             backoff=Backoff("exponential", checks.retry_base_ms, checks.retry_cap_ms, 2.0, "full"),
             registry=capacity_registry(), record=record, lateness=lateness,
-            complete_interval=checks.complete_interval, heartbeat=checks.heartbeat)
+            complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
+            payload_cipher=read_cipher(s))
         return pool.start()
 
     return _get("check_pool", build)

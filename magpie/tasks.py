@@ -12,8 +12,14 @@ from magpie.celery_app import app
 
 
 def _dispatch_checks(leases: list[dict]) -> None:
-    """Send one ``magpie.check_routes`` message with ``leases`` (:meth:`Lease.to_dict` dicts)."""
-    check_routes.apply_async(args=[leases], queue="checks")
+    """Send one ``magpie.check_routes`` message with ``leases`` (:meth:`Lease.to_dict` dicts), sealed.
+
+    The lease list (payloads carry credentials) is encrypted once per message (:mod:`magpie.queue.seal`);
+    ``argsrepr``/``kwargsrepr`` keep task events and Flower down to a lease count."""
+    from magpie.queue.seal import describe, get_seal
+
+    sealed = get_seal(runtime.settings().encryption_key).seal(leases)
+    check_routes.apply_async(args=[sealed], queue="checks", argsrepr=describe(len(leases)), kwargsrepr="{}")
 
 
 @app.task(name="magpie.promote", ignore_result=True)
@@ -27,10 +33,14 @@ def promote() -> int:
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)
-def check_routes(leases: list[dict]) -> int:
-    """Admit the leases of one message into this process's check pool; returns the count admitted."""
+def check_routes(sealed: str) -> int:
+    """Open one sealed check message (:func:`_dispatch_checks`) and admit its leases into this process's
+    check pool; returns the count admitted. Raises :class:`magpie.queue.seal.SealError` for a message
+    not sealed under this worker's ``PROXY_ENCRYPTION_KEY`` (its leases expire and come back)."""
     from magpie.queue import Lease
+    from magpie.queue.seal import get_seal
 
+    leases = get_seal(runtime.settings().encryption_key).unseal(sealed)
     return runtime.check_pool().submit([Lease.from_dict(d) for d in leases])
 
 
@@ -47,10 +57,12 @@ def ingest_stats() -> int:
 
 @app.task(name="magpie.maintenance.run", ignore_result=True)
 def maintenance_run(job: str) -> dict:
-    """Beat-triggered: one pass of maintenance job ``job`` under its leader lock (see magpie.maintenance)."""
+    """Beat-triggered: one pass of maintenance job ``job`` under its leader lock, once per cadence slot
+    however many beats trigger it (see magpie.maintenance.runner)."""
     from magpie.maintenance.runner import run_job
 
-    return run_job(job, runtime.settings(), engine=runtime.engine(), redis=runtime.redis_client())
+    return run_job(job, runtime.settings(), engine=runtime.engine(), redis=runtime.redis_client(),
+                   once_per_slot=True)
 
 
 @app.task(name="magpie.maintenance.rebuild_schedule", ignore_result=True)

@@ -6,11 +6,17 @@ is announced before promote needs it; promote claims nothing while no engine ann
 process's shutdown the pool hands its leases back unchecked (no stall is counted). A worker on other
 queues (promote, stats, jobs) starts no pool. The worker's main process also serves ``/metrics`` when
 ``MAGPIE_METRICS_PORT`` is set.
+
+Every worker (whatever its queues) and beat first check that ``PROXY_ENCRYPTION_KEY`` is the database's
+key (:func:`verify_key_at_start`): on a mismatch the process prints one line and exits with status 2
+before it consumes or schedules anything.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import time
 
 from celery import signals
 
@@ -33,6 +39,71 @@ def _on_init(sender=None, instance=None, conf=None, options=None, **_kw) -> None
     _state["checks"] = consumes_checks(options.get("queues"))
     pool = str(options.get("pool") or options.get("pool_cls") or "prefork")
     _state["prefork"] = "prefork" in pool or "processes" in pool
+
+
+def verify_key_at_start(settings=None, *, poll_s: float = 2.0) -> None:
+    """Check ``PROXY_ENCRYPTION_KEY`` against the database (recording its fingerprint on first use).
+
+    Waits up to ``MAGPIE_KEY_CHECK_WAIT`` seconds for PostgreSQL to be reachable and migrated (processes
+    may start alongside the database and ``magpie db upgrade``), polling every ``poll_s`` seconds.
+
+    Args:
+        settings: :class:`magpie.config.Settings` (default: the process's).
+    Raises:
+        magpie.crypto.KeyMismatchError: another key (at once, no waiting).
+        magpie.errors.MagpieError: PostgreSQL still unreachable or unmigrated when the wait ends, or a
+            bad setting (:class:`magpie.config.ConfigError`). One-line messages without secrets.
+    """
+    import sqlalchemy as sa
+    from sqlalchemy import exc as sa_exc
+
+    from magpie.config import get_settings
+    from magpie.db.keycheck import KeyTableMissing, verify_key
+    from magpie.errors import MagpieError
+
+    s = settings or get_settings()
+    deadline = time.monotonic() + s.key_check_wait
+    engine = sa.create_engine(s.database_url, poolclass=sa.pool.NullPool, connect_args={"connect_timeout": 5})
+    try:
+        while True:
+            try:
+                verify_key(engine, s.encryption_key)
+                return
+            except (KeyTableMissing, sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+                if isinstance(exc, KeyTableMissing):
+                    why = str(exc)
+                else:
+                    first = (str(getattr(exc, "orig", exc)).strip().splitlines() or [""])[0]
+                    why = f"cannot reach PostgreSQL (MAGPIE_DATABASE_URL): {first}"
+                if time.monotonic() + poll_s > deadline:
+                    waited = f"waited {s.key_check_wait:g} s, MAGPIE_KEY_CHECK_WAIT"
+                    raise MagpieError(f"{why} ({waited})") from None
+                log.warning("waiting for PostgreSQL before checking PROXY_ENCRYPTION_KEY: %s", why)
+                time.sleep(poll_s)
+    finally:
+        engine.dispose()
+
+
+def _refuse_to_start() -> None:
+    """Run :func:`verify_key_at_start`; on failure print one line and exit with status 2 (no traceback)."""
+    from magpie.errors import MagpieError
+
+    try:
+        verify_key_at_start()
+    except MagpieError as exc:
+        # the process's own stderr: beat has redirected sys.stderr into its log by now
+        print(f"Error: {exc}", file=sys.__stderr__ or sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+@signals.celeryd_init.connect(weak=False)
+def _check_key_on_worker_init(**_kw) -> None:
+    _refuse_to_start()  # main process, before any pool process or consumer starts
+
+
+@signals.beat_init.connect(weak=False)
+def _check_key_on_beat_init(**_kw) -> None:
+    _refuse_to_start()
 
 
 def _start_pool() -> None:

@@ -214,21 +214,30 @@ def _recover_incident(conn, snap: WorkspaceSnapshot, incident_id: int | None, m:
             "recovered_at": snap.now.isoformat()}
 
 
-def apply_workspace(engine: Engine, snap: WorkspaceSnapshot, settings) -> EvaluationReport:
+def apply_workspace(engine: Engine, snap: WorkspaceSnapshot, settings, *,
+                    fence: tuple[str, int] | None = None) -> EvaluationReport:
     """Phase 2: apply a :class:`WorkspaceSnapshot` in one transaction, skipping stale rules.
 
     A rule is stale (skipped, nothing written for it) when it was deleted, disabled or edited (its
     ``revision`` changed) or its state was written by another evaluation (its ``generation`` changed)
     after ``snap`` was measured.
 
+    ``fence`` is the evaluating leader's ``(fence name, generation)``: the transaction first checks it
+    (:func:`magpie.fencing.fence`), so a former leader that goes on after a newer one wrote is refused.
+
     Returns an :class:`EvaluationReport` for the workspace (``applied``, ``stale``, ``transitions``).
-    Raises ``sqlalchemy.exc.SQLAlchemyError`` on a database failure (nothing of the workspace is written).
+    Raises ``sqlalchemy.exc.SQLAlchemyError`` on a database failure, :class:`magpie.fencing.StaleLeader`
+    when fenced (nothing of the workspace is written either way).
     """
     report = EvaluationReport(snap.now, workspaces=1, rules=len(snap.rules))
     if not snap.rules:
         return report
     minute = epoch_minute(snap.now)
     with engine.begin() as conn:
+        if fence is not None:
+            from magpie.fencing import fence as check_fence
+
+            check_fence(conn, *fence)
         cur = {r["id"]: r for r in conn.execute(sa.text(_LOCK_SQL), {"ids": [r.id for r in snap.rules]}).mappings()}
         channels = None
         for rule in snap.rules:
@@ -274,17 +283,24 @@ def apply_workspace(engine: Engine, snap: WorkspaceSnapshot, settings) -> Evalua
 
 
 def evaluate_workspace(engine: Engine, workspace_id: int, settings, *,
-                       now: datetime | None = None) -> EvaluationReport:
+                       now: datetime | None = None,
+                       fence: tuple[str, int] | None = None) -> EvaluationReport:
     """Measure then apply one workspace at ``now`` (see :func:`measure_workspace`, :func:`apply_workspace`)."""
-    return apply_workspace(engine, measure_workspace(engine, workspace_id, settings, now=now), settings)
+    return apply_workspace(engine, measure_workspace(engine, workspace_id, settings, now=now), settings,
+                           fence=fence)
 
 
 def evaluate_all(engine: Engine, settings, *, now: datetime | None = None,
-                 cancel: threading.Event | None = None) -> EvaluationReport:
+                 cancel: threading.Event | None = None,
+                 fence: tuple[str, int] | None = None) -> EvaluationReport:
     """Evaluate every workspace with enabled rules at ``now``; stop between workspaces when ``cancel`` is set.
 
-    A workspace whose evaluation raises is logged and counted in ``errors``; the others still run.
+    A workspace whose evaluation raises is logged and counted in ``errors``; the others still run. With
+    ``fence`` (the leader's fence name and generation), a refusal by a newer leader's generation stops
+    the pass (counted in ``errors``).
     """
+    from magpie.fencing import StaleLeader
+
     now = evaluation_time(now)
     total = EvaluationReport(now)
     with engine.connect() as conn:
@@ -295,7 +311,11 @@ def evaluate_all(engine: Engine, settings, *, now: datetime | None = None,
             log.warning("alerts: leadership lost; evaluation stopped before workspace %s", ws)
             break
         try:
-            total.add(evaluate_workspace(engine, ws, settings, now=now))
+            total.add(evaluate_workspace(engine, ws, settings, now=now, fence=fence))
+        except StaleLeader as exc:
+            log.warning("alerts: %s; evaluation stopped before workspace %s", exc, ws)
+            total.errors += 1
+            break
         except Exception:  # noqa: BLE001 - one workspace must not stop the others
             log.exception("alerts: evaluation of workspace %s failed", ws)
             total.errors += 1
@@ -307,14 +327,17 @@ def run_evaluation(redis_client, engine: Engine, settings, *, now: datetime | No
     """:func:`evaluate_all` under the Redis leader lock ``<prefix>leader:alerts``.
 
     Returns ``None`` when another instance leads (nothing evaluated). Losing the lock mid-pass stops the
-    pass between workspaces; a workspace already being applied is protected by the generation check.
+    pass between workspaces; a workspace already being applied is protected by the state generation
+    check, and every workspace transaction by the lock's fencing token (a newer leader's refuses ours).
     """
     from magpie.leader import LeaderLock
 
-    with LeaderLock(redis_client, settings.redis_prefix, "alerts", ttl_ms).hold() as lost:
+    lock = LeaderLock(redis_client, settings.redis_prefix, "alerts", ttl_ms)
+    with lock.hold() as lost:
         if lost is None:
             return None
-        return evaluate_all(engine, settings, now=now, cancel=lost)
+        return evaluate_all(engine, settings, now=now, cancel=lost,
+                            fence=(lock.fence_name, lock.generation))
 
 
 def incidents(engine: Engine, *, workspace_id: int | None = None, status: str | None = None,

@@ -1,11 +1,14 @@
 """Webhook targets and one signed POST.
 
 Target policy: a webhook URL must be ``http`` or ``https`` with a host and no credentials. Its host is
-resolved and *every* resolved address is checked; private, loopback, link-local (and shared, reserved,
-multicast, unspecified) addresses are refused unless ``MAGPIE_WEBHOOK_ALLOW_PRIVATE`` is set (multicast and
-unspecified are refused always). The check runs when a channel is created and again before every send,
-and the POST connects to an address that passed the check (no second resolution an attacker's DNS could
-answer differently), with ``Host`` and TLS server name set to the URL's host.
+resolved (an IP literal is taken as is) and *every* resolved address is checked by the shared egress guard
+(:class:`magpie.egress.EgressPolicy`, the one checks use): loopback, private, shared/CGNAT, link-local,
+reserved, IPv6 unique-local and link-local addresses, and IPv6 forms embedding such an IPv4 address
+(mapped, compatible, 6to4, NAT64, Teredo), are refused unless ``MAGPIE_WEBHOOK_ALLOW_PRIVATE`` allows them
+(``true`` for all, or CIDRs such as ``10.0.0.0/8,::1``); multicast and unspecified are refused always.
+The check runs when a channel is created and again before every send, and the POST connects to an address
+that passed the check (no second resolution an attacker's DNS could answer differently), with ``Host`` and
+TLS server name set to the URL's host.
 
 Request: ``POST`` with the JSON body; headers ``Content-Type: application/json``,
 ``X-Magpie-Delivery-ID`` (stable across retries of one delivery), ``X-Magpie-Event``,
@@ -19,6 +22,7 @@ the same delivery again with the same id and body.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -30,6 +34,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 
+from magpie.egress import EgressPolicy
 from magpie.errors import MagpieError
 
 SIGNATURE_HEADER = "X-Magpie-Signature"
@@ -51,20 +56,33 @@ def verify(secret: str, body: bytes, header: str) -> bool:
     return hmac.compare_digest(sign(secret, body), header or "")
 
 
-def _address_refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, allow_private: bool) -> str | None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_unspecified or ip.is_multicast:
-        return "unspecified or multicast"
-    if allow_private:
+AllowPrivate = bool | str | EgressPolicy
+"""``MAGPIE_WEBHOOK_ALLOW_PRIVATE`` as a bool, its text (``true``/``false``/CIDRs) or a ready policy."""
+
+
+@functools.lru_cache(maxsize=32)
+def _policy_for(allow: bool | str) -> EgressPolicy:
+    try:
+        return EgressPolicy(allow, "MAGPIE_WEBHOOK_ALLOW_PRIVATE")
+    except ValueError as exc:
+        raise WebhookRefused(f"MAGPIE_WEBHOOK_ALLOW_PRIVATE: {exc}") from None
+
+
+def webhook_policy(allow_private: AllowPrivate) -> EgressPolicy:
+    """The egress policy for webhook targets (refusals name ``MAGPIE_WEBHOOK_ALLOW_PRIVATE``).
+
+    Raises :class:`WebhookRefused` for a malformed allow-list.
+    """
+    if isinstance(allow_private, EgressPolicy):
+        return allow_private
+    return _policy_for(allow_private if isinstance(allow_private, bool) else str(allow_private).strip())
+
+
+def _literal(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
         return None
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_private or ip.is_reserved or not ip.is_global:
-        return "private or reserved"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +103,13 @@ class Target:
         return h if self.port == default else f"{h}:{self.port}"
 
 
-def check_target(url: str, *, allow_private: bool, resolve=socket.getaddrinfo) -> Target:
+def check_target(url: str, *, allow_private: AllowPrivate, resolve=socket.getaddrinfo) -> Target:
     """Parse ``url``, resolve its host and check every address against the policy.
 
     Args:
         url: ``http(s)://host[:port]/path?query``.
-        allow_private: ``MAGPIE_WEBHOOK_ALLOW_PRIVATE``.
-        resolve: ``getaddrinfo``-compatible resolver (injectable for tests).
+        allow_private: ``MAGPIE_WEBHOOK_ALLOW_PRIVATE`` (see :func:`webhook_policy`).
+        resolve: ``getaddrinfo``-compatible resolver (injectable for tests); not called for an IP literal.
     Returns:
         A :class:`Target`.
     Raises:
@@ -111,20 +129,24 @@ def check_target(url: str, *, allow_private: bool, resolve=socket.getaddrinfo) -
         raise WebhookRefused("webhook URL must not carry credentials")
     host = parts.hostname
     port = port or (443 if parts.scheme == "https" else 80)
-    try:
-        infos = resolve(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as exc:
-        raise WebhookRefused(f"cannot resolve webhook host {host!r}: {exc}") from None
+    policy = webhook_policy(allow_private)
+    literal = _literal(host)
+    if literal is not None:
+        resolved = [literal]
+    else:
+        try:
+            resolved = [info[4][0] for info in resolve(host, port, type=socket.SOCK_STREAM)]
+        except (OSError, UnicodeError) as exc:
+            raise WebhookRefused(f"cannot resolve webhook host {host!r}: {exc}") from None
     addrs: list[str] = []
-    for info in infos:
-        ip = ipaddress.ip_address(info[4][0].split("%", 1)[0])
-        why = _address_refusal(ip, allow_private)
+    for raw in resolved:
+        ip = str(ipaddress.ip_address(raw.split("%", 1)[0]))
+        why = policy.refusal(ip)
         if why:
-            raise WebhookRefused(
-                f"webhook host {host!r} resolves to {ip} ({why}); set MAGPIE_WEBHOOK_ALLOW_PRIVATE to allow it"
-            )
-        if str(ip) not in addrs:
-            addrs.append(str(ip))
+            where = "webhook target refused" if literal else f"webhook host {host!r} resolves to a refused address"
+            raise WebhookRefused(f"{where}: {why}")
+        if ip not in addrs:
+            addrs.append(ip)
     if not addrs:
         raise WebhookRefused(f"webhook host {host!r} resolves to no address")
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -140,7 +162,7 @@ class PostResult:
     error: str | None = None
 
 
-def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool,
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: AllowPrivate,
          resolve=socket.getaddrinfo) -> PostResult:
     """POST ``body`` to ``url`` after :func:`check_target`, connecting to the checked address.
 

@@ -53,6 +53,7 @@ class Checker:
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
         connect_timeout: seconds for the connect and the proxy handshake (default: ``timeout``).
         egress: a :class:`magpie.egress.EgressPolicy` guarding every destination (None: no guard).
+        ssl_context: TLS context for an https judge (default: the system trust store).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap or a judge URL
     that is not http(s).
@@ -60,20 +61,22 @@ class Checker:
 
     def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
                  own_addresses: Iterable[str] | None = None, connect_timeout: float | None = None,
-                 egress=None) -> None:
+                 egress=None, ssl_context=None) -> None:
         self.engine = CheckEngine(judge_url, timeout, attempts, body_cap, connect_timeout=connect_timeout,
-                                  own_addresses=own_addresses, egress=egress)
+                                  own_addresses=own_addresses, egress=egress, ssl_context=ssl_context)
         self._loop: LoopThread | None = None
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings) -> Checker:
         """A checker configured from a :class:`magpie.config.CheckSettings` (or a whole Settings)."""
+        from magpie.checker.tls import is_https, judge_ssl_context
         from magpie.egress import EgressPolicy
 
         c = getattr(settings, "checks", settings)
+        tls = judge_ssl_context(getattr(c, "judge_ca_bundle", None)) if is_https(c.judge_url) else None
         return cls(c.judge_url, c.timeout, c.attempts, c.body_cap, connect_timeout=c.connect_timeout,
-                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
+                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"), ssl_context=tls)
 
     judge_url = property(lambda self: self.engine.judge_url)
     timeout = property(lambda self: self.engine.timeout)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import errno
-import ipaddress
+import logging
 import socket
 import ssl
 import time
@@ -39,8 +39,12 @@ from python_socks.async_.asyncio.v2 import Proxy
 
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
-from magpie.egress import EgressPolicy, EgressRefused
+from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
+from magpie.egress import EgressPolicy, EgressRefused, is_ip_literal
 from magpie.routes import Route
+
+log = logging.getLogger(__name__)
+_JUDGE_REFUSED_LOG_EVERY_S = 60.0
 
 CHECK_SLACK_SECONDS = 1.0
 """Slack added to ``attempts x timeout`` in :attr:`CheckEngine.max_check_seconds`."""
@@ -97,14 +101,6 @@ class _NoAnswer(Exception):
 _SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 
 
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
 def _basic(route: Route) -> str:
     raw = f"{route.username or ''}:{route.password or ''}".encode()
     return "Basic " + base64.b64encode(raw).decode()
@@ -121,7 +117,9 @@ class CheckEngine:
         connect_timeout: seconds for the TCP connect plus the proxy handshake (default: ``timeout``);
             never more than ``timeout``.
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
-        ssl_context: TLS context for an https judge (default: the system trust store).
+        ssl_context: TLS context for an https judge (default: the system trust store; see
+            :func:`magpie.checker.tls.judge_ssl_context`). An https judge logs one warning that anonymity
+            grading cannot see headers a proxy adds (it only relays the TLS tunnel).
         egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
             connection is made (host names after resolution); None guards nothing (tools and tests).
 
@@ -153,6 +151,8 @@ class CheckEngine:
         self._judge_host = u.hostname
         self._judge_port = u.port or (443 if self._tls else 80)
         self._ssl = (ssl_context or ssl.create_default_context()) if self._tls else None
+        if self._tls:
+            warn_https_judge(judge_url)  # anonymity grading cannot see inside the tunnel
         host_hdr = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
         if u.port:
             host_hdr += f":{u.port}"
@@ -165,19 +165,23 @@ class CheckEngine:
         self._own: frozenset[str] | None = frozenset(own_addresses) if own_addresses else None
         self._learn_failed_at: float | None = None
         self._learning: asyncio.Future | None = None
-        self._judge_ip: str | None = self._judge_host if _is_ip(self._judge_host) else None
+        self._judge_ip: str | None = self._judge_host if is_ip_literal(self._judge_host) else None
         self._judge_ip_at = 0.0
         self._probe: asyncio.Future | None = None
         self._probe_at = 0.0
         self._probe_ok = True
+        self._judge_refused_logged = -_JUDGE_REFUSED_LOG_EVERY_S
 
     @classmethod
     def from_settings(cls, settings) -> CheckEngine:
         """An engine configured from a :class:`magpie.config.CheckSettings` (or a whole Settings, whose
-        ``checks`` slice is used): judge URL, deadlines, attempts, body cap and the egress policy."""
+        ``checks`` slice is used): judge URL, deadlines, attempts, body cap, the egress policy and, for an
+        https judge, the CAs of ``MAGPIE_JUDGE_CA_BUNDLE`` (raises ConfigError when it cannot be loaded)."""
         c = getattr(settings, "checks", settings)
+        ca_bundle = getattr(c, "judge_ca_bundle", None)
         return cls(c.judge_url, c.timeout, c.attempts, c.body_cap, connect_timeout=c.connect_timeout,
-                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"))
+                   egress=EgressPolicy(c.allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE"),
+                   ssl_context=judge_ssl_context(ca_bundle) if is_https(c.judge_url) else None)
 
     @property
     def max_check_seconds(self) -> float:
@@ -205,7 +209,7 @@ class CheckEngine:
     async def _resolve(self, host: str, port: int) -> list[str]:
         """Addresses to dial for ``host``: itself when it is an IP literal, else its resolved addresses;
         only those the egress policy allows (raises :class:`EgressRefused` when none is)."""
-        if _is_ip(host):
+        if is_ip_literal(host):
             addrs = [host]
         else:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -215,7 +219,7 @@ class CheckEngine:
     async def _open(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         """Connect through ``route`` to the judge; returns the stream and the request to send."""
         host = route.host
-        if self.egress is not None or not _is_ip(host):
+        if self.egress is not None or not is_ip_literal(host):
             host = (await self._resolve(host, route.port))[0]
             if self.egress is not None:
                 await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
@@ -304,10 +308,17 @@ class CheckEngine:
                 writer.transport.abort()
 
     # -- the check ----------------------------------------------------------------------------------
-    def _body(self, raw: bytes | None) -> str | None:
+    def _body(self, raw: bytes | None, route: Route) -> str | None:
+        """The body kept in the result: capped, and with the route's credentials masked (a proxy that
+        forwards ``Proxy-Authorization`` to the judge would otherwise have them echoed into history)."""
         if raw is None:
             return None
-        return raw[: self.body_cap].decode("utf-8", "replace")
+        text = raw[: self.body_cap].decode("utf-8", "replace")
+        if route.username is not None:
+            for secret in (_basic(route)[6:], route.password):
+                if secret and secret in text:
+                    text = text.replace(secret, "***")
+        return text
 
     async def check(self, route: Route, before_attempt: Callable[[int], bool] | None = None) -> CheckResult:
         """Check ``route`` against the judge; at most :attr:`max_check_seconds`.
@@ -327,7 +338,7 @@ class CheckEngine:
         for n in range(1, self.attempts + 1):
             if before_attempt is not None and not before_attempt(n):
                 return CheckResult(False, None, last.status if last else None, made, "Aborted",
-                                   self._body(last.raw) if last else None, None, self.judge_url, now_ms())
+                                   self._body(last.raw, route) if last else None, None, self.judge_url, now_ms())
             made += 1
             last = await self._attempt(route)
             if last.ok or last.final:
@@ -339,7 +350,7 @@ class CheckEngine:
             anonymity = classify(last.echo, own) if own else None
         return CheckResult(
             alive=last.ok, latency_ms=last.latency_ms if last.ok else None, status=last.status, attempts=made,
-            error=None if last.ok else last.error, body=self._body(last.raw), anonymity=anonymity,
+            error=None if last.ok else last.error, body=self._body(last.raw, route), anonymity=anonymity,
             judge=self.judge_url, checked_at_ms=now_ms())
 
     # -- the judge itself ---------------------------------------------------------------------------
@@ -356,7 +367,12 @@ class CheckEngine:
                 sockname = writer.get_extra_info("sockname")
                 local = normalize_ip(sockname[0]) if sockname else None
                 return await self._exchange(reader, writer, self._origin_request, started), local
-        except EgressRefused:
+        except EgressRefused as exc:
+            now = time.monotonic()
+            if now - self._judge_refused_logged >= _JUDGE_REFUSED_LOG_EVERY_S:
+                self._judge_refused_logged = now  # every failed route is retried, not blamed: say why
+                log.warning("judge %s refused by the egress guard (%s); routes are retried, none is recorded",
+                            self._judge_host, exc)
             return _Attempt(ok=False, error="EgressRefused"), None
         except (TimeoutError, OSError, _NoAnswer, asyncio.IncompleteReadError, EOFError):
             return _Attempt(ok=False, error="ConnectionError"), None

@@ -21,7 +21,8 @@ from contextlib import contextmanager
 
 import click
 
-from magpie.cli import alerts, checks, db, lab, maintenance, monitoring, outbox, queue, routes
+from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
+from magpie.cli import stats
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
 from magpie.errors import MagpieError, RefusedError
@@ -106,7 +107,7 @@ def main() -> None:
     """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
 
 
-for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring):
+for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command

@@ -22,9 +22,13 @@ from magpie.cli.routes import PROTOCOL_CHOICE
               help="Attempts per route (default MAGPIE_CHECK_ATTEMPTS).")
 @click.option("--concurrency", default=None, type=click.IntRange(1, 1_000_000),
               help="Checks in flight at once (default MAGPIE_CHECKS_PER_PROCESS, capped by the fd limit).")
+@click.option("--ca-bundle", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="PEM CA certificates trusted for an https judge (default MAGPIE_JUDGE_CA_BUNDLE, else "
+                   "the system store).")
 @json_option
 @pass_state
-def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurrency, as_json) -> None:
+def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurrency, ca_bundle,
+          as_json) -> None:
     """Check every route of FILE once, now, with no Redis or PostgreSQL.
 
     Exits 1 when the judge itself does not answer a direct request (no route is blamed then)."""
@@ -43,14 +47,17 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
     for bad in parsed.invalid[:50]:
         click.echo(f"  line {bad.line}: {bad.reason}", err=True)
     timeout = timeout or s.check_timeout
-    from magpie.egress import EgressPolicy
+    from magpie.egress import EgressPolicy, is_ip_literal
+
+    from magpie.checker.tls import is_https, judge_ssl_context
 
     guard = EgressPolicy(s.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
+    tls = judge_ssl_context(ca_bundle or s.judge_ca_bundle) if is_https(judge_url) else None
     checker = Checker(judge_url, timeout=timeout, attempts=attempts or s.check_attempts, body_cap=s.body_cap,
-                      connect_timeout=min(s.connect_timeout, timeout), egress=guard)
+                      connect_timeout=min(s.connect_timeout, timeout), egress=guard, ssl_context=tls)
     try:
         judge_host = urlsplit(judge_url).hostname or ""
-        refused = guard.refusal(judge_host) if _is_ip_literal(judge_host) else None
+        refused = guard.refusal(judge_host) if is_ip_literal(judge_host) else None
         if refused:
             click.echo(f"error: judge refused by the egress guard: {refused}", err=True)
             raise click.exceptions.Exit(1)
@@ -102,13 +109,3 @@ def judge(host: str, port: int) -> None:
 
 
 COMMANDS = [check, judge]
-
-
-def _is_ip_literal(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False

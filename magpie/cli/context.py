@@ -45,10 +45,17 @@ class CliState:
 
     @cached_property
     def engine(self):
-        """The process-wide SQLAlchemy engine on ``MAGPIE_DATABASE_URL``."""
+        """The process-wide SQLAlchemy engine on ``MAGPIE_DATABASE_URL``, once ``PROXY_ENCRYPTION_KEY`` is
+        known to be the database's key (:func:`magpie.db.keycheck.verify_key`: recorded on first use).
+
+        Raises :class:`magpie.crypto.KeyMismatchError` for another key (exit status 2, one line).
+        """
+        from magpie.db.keycheck import verify_key
         from magpie.db.session import get_engine
 
-        return get_engine(self.settings.database_url)
+        engine = get_engine(self.settings.database_url)
+        verify_key(engine, self.settings.encryption_key)
+        return engine
 
     @cached_property
     def queue(self):

@@ -25,7 +25,9 @@ def db_upgrade(state: CliState, revision: str) -> None:
     url = state.settings.database_url
     try:
         ensure_database(url)
-        upgrade(url, revision)
+        upgrade(url, revision, encryption_key=state.settings.encryption_key)  # records the key fingerprint
+    except MagpieError:
+        raise  # a key mismatch: already one line naming PROXY_ENCRYPTION_KEY
     except Exception as exc:  # noqa: BLE001 - any connection or migration failure, reported plainly
         safe = make_url(url).render_as_string(hide_password=True)
         raise MagpieError(f"database upgrade failed ({safe}): {exc}") from None

@@ -2,13 +2,16 @@
 
 It prints ``judge: <url>``, with ``--faults`` a line ``faults: {"tarpit": "host:port", ...}`` (the fault
 servers are not in the proxy list), optionally ``list written to <path>``, then the proxy list with
-what a correct checker must report for each proxy, and ``running; Ctrl-C to stop``. A port in use is
+what a correct checker must report for each proxy, a ``# note:`` line when ``MAGPIE_CHECK_ALLOW_PRIVATE``
+does not allow loopback yet (the egress guard refuses the lab's 127.0.0.x addresses by default), and
+``running; Ctrl-C to stop``. A port in use is
 an error (exit status 2, the message names the address); a clean stop exits 0.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -32,6 +35,27 @@ def _stop_on_signal() -> Iterator[threading.Event]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+LOOPBACK_HINT = ("# note: checks against the lab need MAGPIE_CHECK_ALLOW_PRIVATE=127.0.0.0/8 "
+                 "(the egress guard refuses loopback by default)")
+
+
+def _needs_loopback_hint(addresses: list[str]) -> bool:
+    """True unless ``MAGPIE_CHECK_ALLOW_PRIVATE`` (environment or ``.env``) already allows every one of
+    ``addresses``."""
+    from magpie.config import load_settings
+    from magpie.egress import EgressPolicy
+
+    try:
+        allow = load_settings().check_allow_private
+    except ValueError:  # another setting is bad: the lab does not need it
+        allow = os.environ.get("MAGPIE_CHECK_ALLOW_PRIVATE", "false")
+    try:
+        policy = EgressPolicy(allow)
+    except ValueError:
+        return True
+    return any(policy.refusal(a) is not None for a in addresses)
 
 
 @click.command()
@@ -73,6 +97,8 @@ def lab(base_port: int, judge_port: int, slow_delay: float, list_file: str | Non
                 expect = f"alive, {p.expect_anonymity}" if p.expect_alive else "dead"
                 extra = f", {p.delay:g} s delay" if p.delay else ""
                 click.echo(f"#   {p.name:<17} {p.route.display():<40} expect {expect}{extra}")
+            if _needs_loopback_hint(["127.0.0.1", *(p.route.host for p in the_lab.proxies)]):
+                click.echo(LOOPBACK_HINT)
             click.echo("running; Ctrl-C to stop")
             while not stop.wait(0.5):
                 pass

@@ -49,7 +49,7 @@ def maintenance_run(state: CliState, job: str, as_json: bool, batch_size, max_ba
             elif r["status"] == "error":
                 line += " " + (r["error"] or "")
             else:
-                line += " another process holds the leader lock"
+                line += " " + (r.get("reason") or "another process holds the leader lock")
             click.echo(line)
     sys.exit(1 if any(r["status"] == "error" for r in results) else 0)
 

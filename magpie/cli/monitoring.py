@@ -50,7 +50,7 @@ def health_cmd(state: CliState, as_json: bool, timeout: float | None) -> None:
         echo_json(rep)
     else:
         for name, c in rep["checks"].items():
-            mark = "ok  " if c["ok"] else "FAIL"
+            mark = ("WARN" if c.get("warn") else "ok  ") if c["ok"] else "FAIL"
             click.echo(f"{mark} {name:<9} {c['detail']} ({c['ms']:.0f} ms)")
         click.echo("ready" if rep["ready"] else "NOT READY")
     sys.exit(0 if rep["ready"] else 1)

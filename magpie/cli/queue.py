@@ -7,6 +7,8 @@ schedule reaches the root handler, which exits 3 with its code (:mod:`magpie.cli
 from __future__ import annotations
 
 import json
+import re
+
 import click
 
 from magpie.cli.context import CliState, json_option, pass_state
@@ -27,6 +29,50 @@ def _known(info: dict) -> dict:
     if info["state"] == "gone" and info["payload"] is None:
         raise RefusedError(Refusal.GONE, info["member"])
     return info
+
+
+_PAYLOAD_SECRET = re.compile(r'("s"\s*:\s*)"(?:[^"\\]|\\.)*"')  # the password field of payload JSON text
+
+
+def _masked(info: dict) -> dict:
+    """``info`` with the route's password masked as every other command shows routes (``"s":"***"``),
+    and the password (plain or percent-encoded) masked wherever else it appears (logs, progress, dead)."""
+    text = info.get("payload")
+    if text is None:
+        return info
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    password = doc.get("s") if isinstance(doc, dict) else None
+    if isinstance(doc, dict):
+        if "s" in doc:
+            doc["s"] = "***"
+        masked = json.dumps(doc, separators=(",", ":"))
+    else:  # not JSON: mask the field by pattern
+        masked = _PAYLOAD_SECRET.sub(r'\1"***"', text)
+    out = dict(info, payload=masked)
+    if isinstance(password, str) and password:
+        from urllib.parse import quote
+
+        forms = sorted({password, quote(password, safe="")}, key=len, reverse=True)
+        for key, value in out.items():
+            if key != "payload":
+                out[key] = _without(value, forms)
+    return out
+
+
+def _without(value, forms: list[str]):
+    """``value`` (JSON-like: str, list, dict, scalars) with every string of ``forms`` masked in its text."""
+    if isinstance(value, str):
+        for form in forms:
+            value = value.replace(form, "***")
+        return value
+    if isinstance(value, list):
+        return [_without(v, forms) for v in value]
+    if isinstance(value, dict):
+        return {k: _without(v, forms) for k, v in value.items()}
+    return value
 
 
 @click.group()
@@ -85,8 +131,9 @@ def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) ->
 @json_option
 @pass_state
 def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
-    """Payload, score, state, stall count, retries, progress and recent logs of one route."""
-    _emit(as_json, _known(state.queue.inspect(route_hash)))
+    """Payload, score, state, stall count, retries, progress and recent logs of one route (the password
+    masked)."""
+    _emit(as_json, _masked(_known(state.queue.inspect(route_hash))))
 
 
 @queue.command("update")
@@ -100,17 +147,63 @@ def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) 
     The payload is validated and stored in its canonical compact form. Changing host, port, protocol or
     credentials here does not change the route hash: re-import the route instead."""
     from magpie.queue import Payload, PayloadError
+    from magpie.queue.payload import read_cipher, write_cipher
 
-    try:
-        decoded = Payload.decode(payload)  # refuse malformed input before it reaches Redis
+    try:  # refuse malformed input before it reaches Redis; sealed credentials ('c', v 2) are opened
+        decoded = Payload.decode(payload, read_cipher(state.settings))
     except PayloadError as exc:
         raise MagpieError(f"payload rejected: {exc}") from None
     if decoded.route_hash != route_hash:
         raise MagpieError(f"payload rejected: its route hash 'k' ({decoded.route_hash}) is not {route_hash}")
     if not decoded.workspaces:
         raise MagpieError("payload rejected: 'w' must name at least one workspace")
-    state.queue.update(route_hash, decoded.encode())  # the compact form the scripts merge workspaces into
+    # the compact form the scripts merge workspaces into; PROXY_QUEUE_ENCRYPT_CREDENTIALS seals credentials
+    state.queue.update(route_hash, decoded.encode(write_cipher(state.settings)))
     _emit(as_json, "updated")
+
+
+@queue.command("migrate-payloads")
+@click.option("--encrypt/--decrypt", "encrypt", default=None,
+              help="Seal the credentials of every payload, or write them back in plaintext.")
+@click.option("--batch", default=500, show_default=True, type=click.IntRange(1, 10_000),
+              help="Payload keys per SCAN step and per script call.")
+@json_option
+@pass_state
+def queue_migrate_payloads(state: CliState, encrypt: bool | None, batch: int, as_json: bool) -> None:
+    """Rewrite stored payloads with credentials encrypted (--encrypt) or in plaintext (--decrypt).
+
+    Resumable: run it again to finish (payloads already in the wanted form are skipped); a payload under a
+    live lease or changed by a concurrent import is left for the next run (counted as deferred)."""
+    import sys
+
+    from magpie.queue.migrate import migrate_payloads
+    from magpie.queue.payload import read_cipher
+
+    if encrypt is None:
+        raise click.UsageError("give --encrypt or --decrypt")
+    if encrypt != state.settings.encrypt_queue_credentials:
+        click.echo(f"warning: PROXY_QUEUE_ENCRYPT_CREDENTIALS is {'off' if encrypt else 'on'}: new payloads "
+                   f"are still written {'in plaintext' if encrypt else 'encrypted'}", err=True)
+    live = not as_json and sys.stderr.isatty()
+
+    def progress(c: dict) -> None:
+        click.echo(f"\rscanned {c['scanned']}  changed {c['changed']}  skipped {c['skipped']}", err=True,
+                   nl=False)
+
+    try:
+        counts = migrate_payloads(state.queue, read_cipher(state.settings), encrypt=encrypt, batch=batch,
+                                  progress=progress if live else None)
+    finally:
+        if live:
+            click.echo("", err=True)
+    if as_json:
+        _emit(True, counts)
+        return
+    click.echo(f"{'encrypted' if encrypt else 'decrypted'} {counts['changed']} payloads: "
+               + " ".join(f"{k}={v}" for k, v in counts.items()))
+    if counts["deferred"]:
+        click.echo(f"{counts['deferred']} payloads are leased or changing now: run the command again",
+                   err=True)
 
 
 @queue.command("remove")
@@ -130,7 +223,7 @@ def queue_remove(state: CliState, route_hash: str, force: bool, as_json: bool) -
 @pass_state
 def queue_logs(state: CliState, route_hash: str, as_json: bool) -> None:
     """Recent log lines a check wrote for one route."""
-    _emit(as_json, _known(state.queue.inspect(route_hash))["logs"])
+    _emit(as_json, _masked(_known(state.queue.inspect(route_hash)))["logs"])
 
 
 @queue.command("progress")
@@ -139,7 +232,7 @@ def queue_logs(state: CliState, route_hash: str, as_json: bool) -> None:
 @pass_state
 def queue_progress(state: CliState, route_hash: str, as_json: bool) -> None:
     """Latest progress a check recorded for one route."""
-    _emit(as_json, _known(state.queue.inspect(route_hash))["progress"])
+    _emit(as_json, _masked(_known(state.queue.inspect(route_hash)))["progress"])
 
 
 @queue.command("dead")

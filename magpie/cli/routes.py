@@ -23,7 +23,11 @@ PROTOCOL_CHOICE = click.Choice(["http", "https", "socks4", "socks5"])
 @pass_state
 def import_cmd(state: CliState, file: str, workspace: str, protocol: str, dry_run: bool,
                as_json: bool) -> None:
-    """Import the proxy list FILE into a workspace and schedule its routes."""
+    """Import the proxy list FILE into a workspace and schedule its routes.
+
+    Malformed lines and routes the egress guard refuses (private, loopback... addresses: see
+    MAGPIE_CHECK_ALLOW_PRIVATE) are reported with their line numbers and not stored.
+    """
     from magpie.importer.service import import_file
 
     progress_cb = None
@@ -53,7 +57,8 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, dry_ru
     verb = "would import" if dry_run else "imported"
     click.echo(f"{verb} {report.imported if not dry_run else report.valid} routes into '{workspace}': "
                f"valid={report.valid} duplicates={report.duplicates} skipped={report.skipped} "
-               f"invalid={len(report.invalid)}")
+               f"invalid={len(report.invalid)}"
+               + (f" (refused by the egress guard: {report.refused})" if report.refused else ""))
     for bad in report.invalid[:50]:
         click.echo(f"  line {bad['line']}: {bad['reason']}", err=True)
     if len(report.invalid) > 50:

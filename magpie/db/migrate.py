@@ -74,17 +74,35 @@ def ensure_database(url: str) -> bool:
         admin.dispose()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head", *, encryption_key: str | None = None) -> None:
     """Migrate the database at ``url`` up to ``revision`` (default: the newest).
 
     Safe to run from several processes at once: ``env.py`` serialises runs with an advisory lock, and
     a revision already applied is skipped. The database must exist (see :func:`ensure_database`).
 
+    Args:
+        url: SQLAlchemy PostgreSQL URL.
+        revision: target revision.
+        encryption_key: the ``PROXY_ENCRYPTION_KEY``; when given, its fingerprint is recorded if none is
+            yet and compared otherwise (:func:`magpie.db.keycheck.verify_key`; skipped when the target
+            revision predates ``deployment_keys``). ``None`` (fixtures, tools) records nothing.
     Raises:
         sqlalchemy.exc.OperationalError: the database is unreachable.
         alembic.util.exc.CommandError: ``revision`` is unknown.
+        magpie.crypto.KeyMismatchError: ``encryption_key`` is not the database's key (the schema is
+            migrated all the same: migrations do not depend on the key).
     """
     command.upgrade(alembic_config(url), revision)
+    if encryption_key is not None:
+        from magpie.db.keycheck import KeyTableMissing, verify_key
+
+        engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        try:
+            verify_key(engine, encryption_key)
+        except KeyTableMissing:
+            pass  # migrated to a revision below the fingerprint table
+        finally:
+            engine.dispose()
 
 
 def current_revision(url: str) -> str | None:

@@ -155,9 +155,27 @@ class StatsLedger(Base):
     )
 
 
+class DeploymentKey(Base):
+    """The fingerprint of the ``PROXY_ENCRYPTION_KEY`` this database was first used with (one row, id 1).
+
+    ``fingerprint`` is :func:`magpie.crypto.key_fingerprint` of the key, never the key itself; every
+    process compares its own key's fingerprint with it at start (see :mod:`magpie.db.keycheck`).
+    """
+
+    __tablename__ = "deployment_keys"
+    __table_args__ = (sa.CheckConstraint("id = 1", name="single_row"),)
+
+    id: Mapped[int] = mapped_column(sa.SmallInteger, primary_key=True, autoincrement=False)
+    fingerprint: Mapped[str] = mapped_column(sa.Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(
+        sa.DateTime(timezone=True), nullable=False, server_default=_now
+    )
+
+
 __all__ = [
     "Base",
     "CheckHistory",
+    "DeploymentKey",
     "RouteHealth",
     "RouteRow",
     "RouteWorkspace",

@@ -14,13 +14,23 @@ suffix is also read after a scheme form without ``@``. A line without a scheme t
 
 Columns: the first column ends at the first whitespace, ``;`` or ``,``; everything after it (country codes,
 latency, ``# comments``) is ignored. Credentials that contain whitespace, ``;`` or ``,`` must therefore be
-percent-encoded in a scheme or ``user:pass@`` form.
+percent-encoded in a scheme or ``user:pass@`` form. Such credentials written raw are never guessed at and
+never cut short: the line is **malformed** (reported with its number) when
+
+* the first column is not an address, has a ``:`` before its end, and an ``@`` later on the line is
+  followed by a ``host:port`` (``user:pa ss@203.0.113.9:8080``: "credentials contain whitespace..."); or
+* the first column is a ``host:port:user:pass`` form (the password is last, so an annotation and the rest
+  of a password cannot be told apart) and text other than a ``#`` comment follows it
+  (``203.0.113.9:8080:user:pa ss``). Annotate that form after ``#`` only; every other form takes any
+  annotation (``203.0.113.9:8080 US-N-S +``).
 
 How a line is classified
 ------------------------
 1. Blank, or starting with ``#`` or ``//`` (after whitespace), or with an empty first column (e.g. ``;x``):
    **skipped**.
-2. The first column parses as an address: a **route** (or a **duplicate** of an earlier route of the input).
+2. The first column parses as an address: a **route** (or a **duplicate** of an earlier route of the input),
+   unless the caller's ``refuse`` check gives a reason (e.g. the egress guard): then the line is
+   **malformed** with that reason.
 3. Otherwise the line is **malformed** if its first column *looks like an address attempt*, else it is
    header/footer prose and **skipped**. A first column looks like an address attempt when
 
@@ -44,14 +54,14 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from magpie.errors import MagpieError
 from magpie.routes import PROTOCOLS, Route, normalize_host
 
-__all__ = ["InvalidLine", "ParseError", "ParseResult", "parse_file", "parse_line", "parse_lines"]
+__all__ = ["InvalidLine", "ParseError", "ParseResult", "Refuse", "parse_file", "parse_line", "parse_lines"]
 
 _SCHEMES = {
     "http": "http",
@@ -74,6 +84,11 @@ _CANONICAL_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
 _LABEL = r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
 _CANONICAL_NAME = re.compile(rf"(?=.{{1,253}}\Z)(?=.*[a-z_-]){_LABEL}(?:\.{_LABEL})*")
 _HEX_COLON_ONLY = re.compile(r"[0-9A-Fa-f:]+")
+
+_SEPARATORS = " \t;,"
+_SPLIT_CREDENTIALS = "credentials contain whitespace, ';' or ',' (percent-encode them, e.g. user:pa%20ss@host:port)"
+_AFTER_LITERAL = ("text after host:port:user:pass (percent-encode whitespace, ';' or ',' of a password in the "
+                  "user:pass@host:port form; annotate this form after '#' only)")
 
 _MAX_TEXT = 300  # InvalidLine.text is clipped to this many characters
 _MAX_TOKEN = 40  # tokens quoted in a reason are clipped to this many characters
@@ -257,6 +272,22 @@ def _looks_like_address(column: str, only_column: bool) -> bool:
     return only_column and _DOTTED.search(head) is not None
 
 
+def _split_credentials(line: str, start: int, default_protocol: str) -> bool:
+    """Is ``line`` credentials cut by a column separator: an ``@`` at or after ``start``, a ``:`` before it,
+    and a ``host:port`` right after it (``user:pa ss@host:port``)?"""
+    at = line.find("@", start)
+    while at >= 0:
+        token = _FIRST_COLUMN.match(line, at + 1).group()
+        if token and "@" not in token and "://" not in token and ":" in line[:at]:
+            try:
+                _parse_address(token, default_protocol)
+                return True
+            except ParseError:
+                pass
+        at = line.find("@", at + 1)
+    return False
+
+
 def _parse(text: str, default_protocol: str) -> Route | None:
     line = text.strip()
     if line.startswith("\ufeff"):  # a byte-order mark survives a plain utf-8 decode
@@ -267,11 +298,19 @@ def _parse(text: str, default_protocol: str) -> Route | None:
     if not column:
         return None
     try:
-        return _parse_address(column, default_protocol)
+        route = _parse_address(column, default_protocol)
     except ParseError:
+        if "@" in line[len(column):] and _split_credentials(line, len(column), default_protocol):
+            raise ParseError(_SPLIT_CREDENTIALS) from None
         if _looks_like_address(column, len(column) == len(line)):
             raise
         return None
+    if route.password is not None and len(column) < len(line) and "@" not in column:
+        # host:port:user:pass: what follows may be the rest of the password as well as an annotation
+        rest = line[len(column):].lstrip(_SEPARATORS)
+        if rest and rest[0] != "#":
+            raise ParseError(_AFTER_LITERAL)
+    return route
 
 
 def parse_line(text: str, default_protocol: str = "http") -> Route | None:
@@ -292,11 +331,20 @@ def parse_line(text: str, default_protocol: str = "http") -> Route | None:
     return _parse(text, default_protocol)
 
 
-def parse_lines(lines: Iterable[str], default_protocol: str = "http") -> ParseResult:
+Refuse = Callable[[Route], str | None]
+"""A caller's check of each parsed route: a one-line reason to report the line as invalid, or None."""
+
+
+def parse_lines(lines: Iterable[str], default_protocol: str = "http", refuse: Refuse | None = None) -> ParseResult:
     """Parse a proxy list given as lines (a single ``str`` is split into lines).
 
     Every line is classified independently: a malformed line is recorded in ``invalid`` with its 1-based
     line number and the rest still parse.
+
+    Args:
+        refuse: called once per line holding a route not seen before (so for every line of a refused
+            route); a returned reason makes the line invalid instead of a route. The parser itself applies
+            no policy: the importer passes the egress guard here.
 
     Returns:
         a :class:`ParseResult`.
@@ -322,13 +370,19 @@ def parse_lines(lines: Iterable[str], default_protocol: str = "http") -> ParseRe
         elif route in seen:
             result.duplicates += 1
         else:
+            why = refuse(route) if refuse is not None else None
+            if why is not None:
+                invalid.append(InvalidLine(number, why, text.strip()[:_MAX_TEXT]))
+                continue
             seen.add(route)
             routes.append(route)
     return result
 
 
-def parse_file(path: str | os.PathLike[str], default_protocol: str = "http") -> ParseResult:
-    """Parse a proxy-list file, read line by line as UTF-8 (undecodable bytes become U+FFFD).
+def parse_file(path: str | os.PathLike[str], default_protocol: str = "http",
+               refuse: Refuse | None = None) -> ParseResult:
+    """Parse a proxy-list file, read line by line as UTF-8 (undecodable bytes become U+FFFD); ``refuse``
+    as in :func:`parse_lines`.
 
     Returns:
         a :class:`ParseResult`; line numbers are the file's.
@@ -339,4 +393,4 @@ def parse_file(path: str | os.PathLike[str], default_protocol: str = "http") -> 
     """
     _check_protocol(default_protocol)
     with open(path, encoding="utf-8", errors="replace") as fh:
-        return parse_lines(fh, default_protocol)
+        return parse_lines(fh, default_protocol, refuse)

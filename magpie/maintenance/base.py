@@ -6,6 +6,11 @@ killed at any point leaves nothing the next pass cannot finish. Between batches 
 time (``MAGPIE_MAINTENANCE_MAX_RUN_SECONDS``) or of batches (``MAGPIE_MAINTENANCE_MAX_BATCHES``). A job
 that stops early reports ``"complete": False`` and, where order matters, keeps a resume cursor in
 :attr:`JobContext.state` (saved to ``maintenance_runs.state``).
+
+Writes of a pass carry the leader lock's fencing token (:attr:`JobContext.generation`): the saved state
+and every batch of :func:`batched_delete` call :meth:`JobContext.fence` in their transaction, so a pass
+that goes on after a newer leader started is refused (:class:`magpie.fencing.StaleLeader`) instead of
+writing over it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class JobContext:
         state: the job's resume state from the previous pass (JSON object); change it with
             :meth:`save_state`.
         batches: batches done so far (:meth:`tick` counts them).
+        generation: the leader lock's fencing token for this pass (None without a lock).
+        fence_name: the lock's fence name (its Redis key; None without a lock).
     """
 
     job: str
@@ -51,6 +58,8 @@ class JobContext:
     max_batches: int
     state: dict = field(default_factory=dict)
     batches: int = 0
+    generation: int | None = None
+    fence_name: str | None = None
 
     def stop_reason(self) -> str | None:
         """``"cancelled"``, ``"time"``, ``"batches"`` or ``None`` (go on)."""
@@ -66,22 +75,32 @@ class JobContext:
         """True when no new batch may start (see :meth:`stop_reason`)."""
         return self.stop_reason() is not None
 
+    def fence(self, conn: sa.Connection) -> None:
+        """Check this pass's fencing token inside ``conn``'s transaction (:func:`magpie.fencing.fence`).
+
+        Raises :class:`magpie.fencing.StaleLeader` when a newer leader of the job's lock has written."""
+        from magpie.fencing import fence
+
+        fence(conn, self.fence_name, self.generation)
+
     def tick(self, n: int = 1) -> None:
         """Count ``n`` finished batches."""
         self.batches += n
 
     def save_state(self, state: dict, conn: sa.Connection | None = None) -> None:
         """Persist the resume state (``maintenance_runs.state``); inside ``conn``'s transaction when
-        given, so the cursor moves atomically with the batch it describes."""
+        given, so the cursor moves atomically with the batch it describes. Fenced (:meth:`fence`)."""
         self.state = dict(state)
         sql = sa.text(
             "UPDATE maintenance_runs SET state = CAST(:s AS jsonb), updated_at = now() WHERE job = :j"
         )
         params = {"s": json.dumps(self.state), "j": self.job}
         if conn is not None:
+            self.fence(conn)
             conn.execute(sql, params)
             return
         with self.engine.begin() as c:
+            self.fence(c)
             c.execute(sql, params)
 
     def queue(self):
@@ -129,12 +148,13 @@ def table_exists(conn: sa.Connection, name: str) -> bool:
 def batched_delete(ctx: JobContext, sql: str, params: dict) -> tuple[int, bool]:
     """Run a ``DELETE ... LIMIT :batch``-shaped statement until it deletes fewer than a batch.
 
-    ``sql`` must take ``:batch`` and delete at most that many rows; each run is its own transaction.
-    Returns ``(rows deleted, complete)``.
+    ``sql`` must take ``:batch`` and delete at most that many rows; each run is its own transaction,
+    fenced with the pass's token (:meth:`JobContext.fence`). Returns ``(rows deleted, complete)``.
     """
     deleted = 0
     while not ctx.should_stop():
         with ctx.engine.begin() as conn:
+            ctx.fence(conn)
             n = conn.execute(sa.text(sql), {**params, "batch": ctx.batch_size}).rowcount
         ctx.tick()
         deleted += n

@@ -57,7 +57,8 @@ def rebuild_schedule(
     """Schedule again every route PostgreSQL knows, keeping routes still present as they are.
 
     Args:
-        settings: :class:`magpie.config.Settings` (URLs, prefix, shards, interval, encryption key).
+        settings: :class:`magpie.config.Settings` (URLs, prefix, shards, interval, encryption key and
+            ``PROXY_QUEUE_ENCRYPT_CREDENTIALS`` for the payloads of routes added back).
         engine / redis / queue: defaults from ``settings``.
         chunk: routes per :meth:`RouteQueue.schedule` call (and per database fetch).
         lock: hold the ``rebuild`` leader lock for the duration (two rebuilds never overlap); with
@@ -76,6 +77,7 @@ def rebuild_schedule(
     from magpie.db.repo import all_route_records
     from magpie.importer.service import schedule_item
     from magpie.queue import RouteQueue
+    from magpie.queue.payload import write_cipher
 
     if engine is None:
         from magpie.db.session import get_engine
@@ -100,6 +102,7 @@ def rebuild_schedule(
     total = owned_routes(engine)
     out = {"ran": True, "routes": 0, "total": total, "new": 0, "merged": 0, "unchanged": 0, "complete": True}
     keyring = get_keyring(settings.encryption_key)
+    cipher = write_cipher(settings)  # PROXY_QUEUE_ENCRYPT_CREDENTIALS: routes added back are sealed
     buf: list[tuple[str, str]] = []
 
     def flush():
@@ -112,7 +115,7 @@ def rebuild_schedule(
     records = all_route_records(engine, keyring, batch=chunk)
     try:
         for rec in records:
-            buf.append(schedule_item(rec))
+            buf.append(schedule_item(rec, cipher))
             if len(buf) >= chunk:
                 flush()
                 if cancel is not None and cancel.is_set():

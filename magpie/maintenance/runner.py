@@ -5,6 +5,13 @@ does nothing and reports ``skipped``), record the start (``runs_total + 1``), ru
 then record success (``last_success_at``, ``last_result``) or failure (``failures_total + 1``,
 ``last_error``). The lock is renewed in the background; losing it sets the job's cancellation event and
 the job stops at its next batch boundary.
+
+One leader at a time: every run record (start, success, failure) and the job's fenced writes carry the
+lock's generation (:mod:`magpie.fencing`); a pass whose generation is older than one already recorded
+(a newer leader ran meanwhile) is refused and reports ``skipped`` with reason ``fenced``. Beat-triggered
+passes (``once_per_slot``) run once per cadence slot, ``floor(redis time / cadence)``: the first pass
+to hold the lock records the slot with ``SET NX`` (key ``<prefix>leader:<lock>:slot:<n>``), and a second
+beat's trigger for the same slot is skipped, however the two beats' phases fall.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.fencing import StaleLeader, fence
 from magpie.leader import LeaderLock, locks_held
 from magpie.maintenance.base import Job, JobContext
 
@@ -56,6 +64,34 @@ def resolve(job: str | Job) -> Job:
         raise KeyError(f"unknown maintenance job {job!r}; known: {', '.join(JOBS)}") from None
 
 
+_SKIP_REASONS = {
+    "held": "another process holds the leader lock",
+    "restarting": "Redis started moments ago: waiting for a former leader to notice",
+}
+
+
+def cadence_of(settings, job: Job) -> float:
+    """The job's effective cadence in seconds (``MAGPIE_MAINTENANCE_CADENCES`` over :attr:`Job.every`)."""
+    from magpie.config import parse_cadences
+
+    return float(parse_cadences(settings.maintenance_cadences).get(job.name, job.every))
+
+
+def slot_key(prefix: str, lock: str, slot: int) -> str:
+    """Redis key recording that cadence slot ``slot`` of the lock ``lock`` ran."""
+    return f"{prefix}leader:{lock}:slot:{slot}"
+
+
+def claim_slot(redis: redis_lib.Redis, prefix: str, job: Job, cadence: float,
+               generation: int | None) -> bool:
+    """Record that this pass runs ``job``'s current cadence slot (``SET NX``, Redis clock); False when a
+    pass already ran it. Raises ``redis.RedisError`` when Redis is unreachable."""
+    sec, usec = redis.time()
+    slot = int((int(sec) + int(usec) / 1e6) // cadence)
+    ttl = max(1, int(2 * cadence + 1))
+    return bool(redis.set(slot_key(prefix, job.lock, slot), str(generation or 0), nx=True, ex=ttl))
+
+
 def run_job(
     job: str | Job,
     settings,
@@ -66,6 +102,7 @@ def run_job(
     batch_size: int | None = None,
     max_batches: int | None = None,
     max_seconds: float | None = None,
+    once_per_slot: bool = False,
 ) -> dict:
     """Run one pass of ``job`` now, under its leader lock.
 
@@ -77,10 +114,14 @@ def run_job(
         now: reference time for cutoffs (aware datetime; default: now, UTC).
         batch_size / max_batches / max_seconds: override ``MAGPIE_MAINTENANCE_BATCH_SIZE`` /
             ``MAGPIE_MAINTENANCE_MAX_BATCHES`` / ``MAGPIE_MAINTENANCE_MAX_RUN_SECONDS`` for this pass.
+        once_per_slot: run only if no pass ran the job's current cadence slot yet (beat triggers; a
+            job with cadence 0 is not slotted). Operator runs leave it False.
     Returns:
         ``{"job": name, "status": "ok" | "skipped" | "error", "result": dict | None, "error": str | None,
-        "seconds": float}``. ``skipped``: another process holds the lock (nothing done, nothing recorded).
-        ``error``: the pass raised (recorded as a failure and logged; not re-raised).
+        "seconds": float, "reason": str | None, "generation": int | None}``. ``skipped`` (with
+        ``reason``): another process holds the lock, Redis started moments ago, the slot already ran,
+        or the pass was fenced by a newer leader; nothing more is recorded. ``error``: the pass raised
+        (recorded as a failure and logged; not re-raised).
     Raises:
         KeyError: unknown job name.
     """
@@ -91,7 +132,8 @@ def run_job(
         engine = get_engine(settings.database_url)
     if redis is None:
         redis = redis_lib.Redis.from_url(settings.redis_url)
-    out = {"job": j.name, "status": "skipped", "result": None, "error": None, "seconds": 0.0}
+    out = {"job": j.name, "status": "skipped", "result": None, "error": None, "seconds": 0.0, "reason": None,
+           "generation": None}
     t0 = time.monotonic()
     lock = LeaderLock(redis, settings.redis_prefix, j.lock, int(settings.maintenance_lock_ttl * 1000))
     try:
@@ -101,10 +143,21 @@ def run_job(
         return out
     with lock.hold() as lost:
         if lost is None:
+            out["reason"] = _SKIP_REASONS.get(lock.refusal or "held")
+            return out
+        gen, fence_name = lock.generation, lock.fence_name
+        out["generation"] = gen
+        cadence = cadence_of(settings, j)
+        if once_per_slot and cadence > 0 and not claim_slot(redis, settings.redis_prefix, j, cadence, gen):
+            out["reason"] = "this cadence slot already ran"
             return out
         try:
             with engine.begin() as conn:
+                fence(conn, fence_name, gen)
                 state = conn.execute(sa.text(_START), {"job": j.name}).scalar_one() or {}
+        except StaleLeader as exc:
+            out.update(reason=str(exc), seconds=round(time.monotonic() - t0, 3))
+            return out
         except Exception as exc:  # noqa: BLE001 - database down: nothing to record it in
             log.error("maintenance %s: cannot record the start of a pass: %s", j.name, exc)
             out.update(
@@ -124,15 +177,22 @@ def run_job(
             batch_size=int(batch_size or settings.maintenance_batch_size),
             max_batches=int(max_batches or settings.maintenance_max_batches),
             state=dict(state),
+            generation=gen,
+            fence_name=fence_name,
         )
         try:
             result = j.run(ctx)
+        except StaleLeader as exc:  # a newer leader runs the job now: record nothing over its records
+            log.warning("maintenance %s: %s", j.name, exc)
+            out.update(reason=str(exc), seconds=round(time.monotonic() - t0, 3))
+            return out
         except Exception as exc:  # noqa: BLE001 - recorded, then reported
             log.exception("maintenance %s failed", j.name)
             msg = f"{exc.__class__.__name__}: {exc}"[:2000]
             dt = time.monotonic() - t0
             try:
                 with engine.begin() as conn:
+                    fence(conn, fence_name, gen)
                     conn.execute(sa.text(_FAILURE), {"job": j.name, "e": msg, "d": dt})
             except Exception as rec_exc:  # noqa: BLE001
                 log.error("maintenance %s: cannot record the failure: %s", j.name, rec_exc)
@@ -145,8 +205,15 @@ def run_job(
         if ctx.stop_reason() == "cancelled":
             result["complete"] = False
             result["stopped"] = "leader lock lost"
-        with engine.begin() as conn:
-            conn.execute(sa.text(_SUCCESS), {"job": j.name, "d": dt, "r": json.dumps(result, default=str)})
+        try:
+            with engine.begin() as conn:
+                fence(conn, fence_name, gen)
+                conn.execute(sa.text(_SUCCESS),
+                             {"job": j.name, "d": dt, "r": json.dumps(result, default=str)})
+        except StaleLeader as exc:
+            log.warning("maintenance %s: %s", j.name, exc)
+            out.update(reason=str(exc), seconds=round(dt, 3))
+            return out
         out.update(status="ok", result=result, seconds=round(dt, 3))
         return out
 

@@ -6,6 +6,9 @@ the stored score still equals it (the invariants of docs/design.md). A refused c
 typed :class:`QueueError` (:mod:`magpie.queue.refusals` maps the script's code) and fires the lease's
 cancellation token, so the running check stops at its next attempt boundary. Scores travel as strings
 end to end; Python never rounds them.
+
+It is the one Python face of every schedule script (worker, import, time and operator planes), kept in one
+module so each script's wrapper stands beside the others; reads live in :mod:`magpie.queue.reads`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import redis
 
 from magpie.errors import Refusal
 from magpie.queue import reads
+from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.keys import QueueKeys
 from magpie.queue.lease import Lease
 from magpie.queue.lease import text as _s
@@ -152,12 +156,13 @@ class RouteQueue:
         """Hand leases back unchecked (``release.lua``): each route is claimable again at once, with its
         previous due time, and no stall is counted. Returns one code per lease: 1 released,
         ``LEASE_LOST`` or ``GONE`` (:class:`magpie.errors.Refusal` codes)."""
-        if not leases:
-            return []
-        args: list = [self._now()]
-        for le in leases:
-            args += [le.member, le.lease_score, le.previous_score]
-        codes = [int(x) for x in self.scripts.release(keys=self._core + [le.shard for le in leases], args=args)]
+        codes: list[int] = []
+        for i in range(0, len(leases), 500):  # bounded script calls, whatever the caller hands back
+            chunk = leases[i: i + 500]
+            args: list = [self._now()]
+            for le in chunk:
+                args += [le.member, le.lease_score, le.previous_score]
+            codes += [int(x) for x in self.scripts.release(keys=self._core + [le.shard for le in chunk], args=args)]
         for le in leases:
             le.cancel()
         return codes
@@ -168,16 +173,38 @@ class RouteQueue:
         Returns one code per lease: 1 completed, ``LEASE_LOST`` (stale; nothing changed), ``GONE``.
         Refused leases get their cancellation token fired.
         """
+        return self.complete_with_results(leases, None, None, interval_ms).codes
+
+    def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
+                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
+        """Complete ``leases`` and append ``results[i]`` (stream entry fields, or None) of each completed
+        lease to ``stream`` in the same atomic script call (see :mod:`magpie.queue.completion`).
+
+        Returns a :class:`Completion`; refused leases get their cancellation token fired. With
+        ``stream.policy == "refuse"`` and no room, nothing changes and ``full`` is True.
+        """
         if not leases:
-            return []
-        args: list = [self._now(), int(interval_ms or self.interval_ms)]
-        for le in leases:
-            args += [le.member, le.lease_score, le.previous_score]
-        codes = [int(x) for x in self.scripts.complete(keys=self._core + [le.shard for le in leases], args=args)]
-        for le, c in zip(leases, codes):
+            return Completion()
+        args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
+                      stream.maxlen if stream else 0, stream.group if stream else ""]
+        for i, le in enumerate(leases):
+            fields = results[i] if results is not None and stream is not None else None
+            args += [le.member, le.lease_score, le.previous_score, len(fields) if fields else 0]
+            if fields:
+                for k, v in fields.items():
+                    args += [k, v]
+        keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
+        raw = self.scripts.complete(keys=keys, args=args)
+        n = len(leases)
+        out = Completion(dropped=int(raw[0]), trimmed=int(raw[1]), full=bool(int(raw[2])))
+        if out.full:
+            return out
+        out.codes = [int(x) for x in raw[3: 3 + n]]
+        out.ids = [_s(x) or None for x in raw[3 + n: 3 + 2 * n]]
+        for le, c in zip(leases, out.codes):
             if c != COMPLETED:
                 le.cancel()
-        return codes
+        return out
 
     def complete_one(self, lease: Lease) -> None:
         """Complete a single lease; raises :class:`LeaseLost` / :class:`QueueError` when refused."""

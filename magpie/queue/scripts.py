@@ -27,10 +27,14 @@ NAMES = (
 )
 
 
+PRELUDES = {"complete": ("lib", "stats_floor")}
+"""Scripts whose preludes differ from the default ``lib.lua`` (completion also appends to the stream)."""
+
+
 def script_text(name: str) -> str:
-    """Full text of script ``name`` as sent to Redis (prelude + body)."""
-    return (LUA_DIR / "lib.lua").read_text(encoding="utf-8") + "\n" + (LUA_DIR / f"{name}.lua").read_text(
-        encoding="utf-8")
+    """Full text of script ``name`` as sent to Redis (preludes + body)."""
+    parts = PRELUDES.get(name, ("lib",)) + (name,)
+    return "\n".join((LUA_DIR / f"{p}.lua").read_text(encoding="utf-8") for p in parts)
 
 
 class Scripts:

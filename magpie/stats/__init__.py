@@ -10,6 +10,8 @@ One module per concern:
 * :mod:`magpie.stats.status`: backlog figures for status output and metrics;
 * :mod:`magpie.stats.upkeep`: replay floor, ledger retirement, trimming, idle consumers;
 * :mod:`magpie.stats.drain`: one ingestion run, consumer batches until the backlog is read;
+* :mod:`magpie.stats.infra`: the shared backoff while the database refuses writes;
+* :mod:`magpie.stats.redrive`: dead letters back into the stream (``magpie stats redrive``);
 * :mod:`magpie.stats.keys` and :mod:`magpie.stats.scripts`: the names and the Lua scripts they share.
 """
 
@@ -31,6 +33,7 @@ from magpie.stats.producer import (
     publish_entries,
     publish_with_settings,
 )
+from magpie.stats.redrive import RedriveReport, redrive
 from magpie.stats.status import pending_summary
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "MalformedEntry",
     "OVERFLOW_POLICIES",
     "PublishReport",
+    "RedriveReport",
     "StreamEntry",
     "dead_key",
     "decode_result",
@@ -52,5 +56,6 @@ __all__ = [
     "publish",
     "publish_entries",
     "publish_with_settings",
+    "redrive",
     "stream_key",
 ]

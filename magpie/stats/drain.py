@@ -2,11 +2,15 @@
 
 :func:`ingest_backlog` names this process's consumer, makes sure the group exists and calls
 :func:`magpie.stats.consumer.ingest` until a batch reads nothing or ``MAX_PASSES`` batches ran, so one
-run stays bounded however long the backlog is (the next beat trigger goes on).
+run stays bounded however long the backlog is (the next beat trigger goes on). A run stops at the
+first infrastructure failure of the database (the entries stay pending, their deliveries given back, see
+:mod:`magpie.stats.infra`) and logs one warning when such a failure starts a backoff and one line when a
+commit ends it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 
@@ -14,6 +18,8 @@ import redis as redis_lib
 from sqlalchemy.engine import Engine
 
 from magpie.stats.consumer import ensure_group, ingest
+
+log = logging.getLogger(__name__)
 
 MAX_PASSES = 20
 """Most :func:`~magpie.stats.consumer.ingest` batches in one run."""
@@ -31,20 +37,30 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
         redis: client on the schedule's Redis.
         engine: engine on the magpie database.
         settings: :class:`magpie.config.Settings` (``redis_prefix``, ``stats_batch`` entries per batch,
-            ``stats_max_deliveries``).
+            ``stats_max_deliveries``, ``stats_infra_backoff``, ``stats_infra_backoff_cap``).
         passes: most batches in this run.
     Returns:
         Results committed in all batches.
     Raises:
-        Whatever :func:`~magpie.stats.consumer.ingest` raises (entries of a failed batch stay pending).
+        Whatever :func:`~magpie.stats.consumer.ingest` raises (entries of a failed batch stay pending);
+        an infrastructure failure of the database is not raised: the run stops there.
     """
     ensure_group(redis, settings.redis_prefix)
     consumer = consumer_name()
     total = 0
     for _ in range(passes):
         rep = ingest(redis, engine, settings.redis_prefix, consumer, batch=settings.stats_batch,
-                     max_deliveries=settings.stats_max_deliveries)
+                     max_deliveries=settings.stats_max_deliveries, backoff_s=settings.stats_infra_backoff,
+                     backoff_cap_s=settings.stats_infra_backoff_cap)
         total += rep.committed
+        if rep.infra_cleared:
+            log.info("stats ingestion: the database accepts writes again after %d failed attempt(s)",
+                     rep.infra_cleared)
+        if rep.infra_error is not None:
+            if not rep.skipped and rep.infra_failures == 1:
+                log.warning("stats ingestion: database failed a batch for infrastructure reasons (%s); "
+                            "entries stay pending, next attempt in %.1f s", rep.infra_error, rep.backoff_s)
+            break
         if rep.read == 0:
             break
     return total

@@ -7,7 +7,10 @@ the result part alone. Nothing else in magpie spells these fields.
 
 Entry fields (all ``str``; ``""`` means ``None``): ``route_id``, ``route_hash``, ``alive``
 (``"1"``/``"0"``), ``latency_ms`` (milliseconds), ``status``, ``attempts``, ``error``, ``body``,
-``anonymity``, ``judge``, ``checked_at_ms`` (Unix time in ms).
+``anonymity``, ``judge``, ``checked_at_ms`` (Unix time in ms). An entry moved back from the dead-letter
+stream (``magpie stats redrive``) also carries ``origin_id``, the id it was first published under: the
+replay ledger and ``check_history.stream_id`` record that id (:attr:`StreamEntry.ledger_id`), so an entry
+applied once is never applied again, however often it is redriven.
 
 An entry that cannot be applied goes to the dead-letter stream as a :class:`DeadLetter`, written with
 :func:`dead_letter_fields`: ``stream_id``, ``reason``, ``consumer``, ``dead_at_ms`` and ``entry`` (the
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,12 +42,16 @@ RESULT_FIELDS = (
 FIELDS = ROUTE_FIELDS + RESULT_FIELDS
 """Every field of a published entry, in the order written."""
 
+ORIGIN_FIELD = "origin_id"
+"""Field of a redriven entry: the stream id it was first published under."""
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MAX_MS = 253_402_300_799_999  # 9999-12-31T23:59:59.999Z, the last instant Python's datetime holds
 _MAX_LATENCY_MS = 1e9
 _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 _SMALLINT = 32767
+_STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
 
 
 class MalformedEntry(MagpieError, ValueError):
@@ -204,6 +212,7 @@ class StreamEntry:
         route_id / route_hash: the route (``route_hash`` None when the producer did not send one).
         result: the :class:`CheckResult`; ``latency_ms`` rounded to 3 decimals (microseconds).
         fields: the entry's decoded fields as read (kept for a dead letter).
+        origin_id: the id the entry was first published under when it was redriven, else None.
     """
 
     stream_id: str
@@ -211,6 +220,13 @@ class StreamEntry:
     route_hash: str | None
     result: CheckResult
     fields: dict[str, str]
+    origin_id: str | None = None
+
+    @property
+    def ledger_id(self) -> str:
+        """The id the replay ledger and ``check_history.stream_id`` record: :attr:`origin_id` for a
+        redriven entry, else :attr:`stream_id`."""
+        return self.origin_id or self.stream_id
 
     @property
     def checked_at(self) -> datetime:
@@ -228,18 +244,23 @@ def parse_entry(stream_id: str, fields: Mapping[str, str]) -> StreamEntry:
 
     Raises:
         MalformedEntry: a required field (``route_id``, ``alive``, ``checked_at_ms``) is missing or
-            garbage, or an optional numeric field is not a number in the column's range.
+            garbage, an optional numeric field is not a number in the column's range, or ``origin_id``
+            is not a stream id.
     """
     route_id = _int(fields, "route_id", 1, _INT64, required=True)
     result = _result(fields, complete=False)
     if result.latency_ms is not None:
         result.latency_ms = round(result.latency_ms, 3)
+    origin = (fields.get(ORIGIN_FIELD) or "").strip() or None
+    if origin is not None and not _STREAM_ID.fullmatch(origin):
+        raise MalformedEntry(f"field {ORIGIN_FIELD!r} is not a stream id: {origin[:40]!r}")
     return StreamEntry(
         stream_id=stream_id,
         route_id=route_id,
         route_hash=(fields.get("route_hash") or "").strip() or None,
         result=result,
         fields=dict(fields),
+        origin_id=origin,
     )
 
 
@@ -276,6 +297,7 @@ def dead_letter_fields(dead: DeadLetter, consumer: str, dead_at_ms: int) -> dict
 
 __all__ = [
     "FIELDS",
+    "ORIGIN_FIELD",
     "RESULT_FIELDS",
     "ROUTE_FIELDS",
     "DeadLetter",

@@ -1,4 +1,5 @@
-"""Names on the results stream: its key, the dead-letter stream's key, the consumer group.
+"""Names on the results stream: its key, the dead-letter stream's key, the consumer group, the
+ingestion's shared "database refuses writes" state.
 
 Every module of :mod:`magpie.stats` takes its names from here, so the producer, the consumer, the status
 read and the upkeep job cannot disagree on them.
@@ -21,6 +22,12 @@ def stream_key(prefix: str) -> str:
 def dead_key(prefix: str) -> str:
     """Key of the dead-letter stream: ``f"{prefix}stats:dead"``."""
     return f"{prefix}stats:dead"
+
+
+def infra_key(prefix: str) -> str:
+    """Key of the ingestion's infrastructure-failure state (a hash, see :mod:`magpie.stats.infra`):
+    ``f"{prefix}stats:infra"``."""
+    return f"{prefix}stats:infra"
 
 
 def text(v) -> str:

@@ -1,7 +1,9 @@
 """The results-stream producer: append result entries under a bound, with an overflow policy.
 
-Check workers publish the entries of :mod:`magpie.stats.entry` to ``<prefix>stats:results`` in one script
-call per batch (``lua/stats_publish.lua``). The bound counts *unconsumed* entries: entries the consumer
+Entries of :mod:`magpie.stats.entry` go to ``<prefix>stats:results`` in one script call per batch
+(``lua/stats_publish.lua``). Check workers do not use this path: their completions append results in the
+completion script itself (``lua/complete.lua``, the same bound and policies); this producer serves tools,
+tests and any writer that has no lease to complete. The bound counts *unconsumed* entries: entries the consumer
 group already acknowledged are trimmed first to make room, and only then does the policy decide what a
 full stream loses. Losses are counted in :mod:`magpie.counters` (``stats_dropped:<policy>``), which the
 metrics exporter reads; this module imports nothing above it.

@@ -58,5 +58,11 @@ TRIM = StreamScript("stats_floor", "stats_trim")
 DROP_CONSUMERS = StreamScript("stats_drop_consumers")
 """Delete named consumers that hold no pending entry (``lua/stats_drop_consumers.lua``)."""
 
-ALL = (PUBLISH, TRIM, DROP_CONSUMERS)
+INFRA = StreamScript("stats_infra")
+"""Read or extend the ingestion's shared "database refuses writes" backoff (``lua/stats_infra.lua``)."""
+
+REDRIVE = StreamScript("stats_redrive")
+"""Move dead-lettered entries back into the results stream (``lua/stats_redrive.lua``)."""
+
+ALL = (PUBLISH, TRIM, DROP_CONSUMERS, INFRA, REDRIVE)
 """Every script of the results stream (for readiness probes that load them all)."""

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import redis as redis_lib
 
-from magpie.stats.keys import GROUP, dead_key, stream_key, text
+from magpie.stats.infra import state_from
+from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, text
 
 
 def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
@@ -18,7 +19,9 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
         ``{"stream": key, "length": int (entries in the stream), "pending": int (delivered, not yet
         acknowledged), "lag": int | None (entries not yet delivered to the group; None when Redis
         cannot tell, e.g. after deletions), "consumers": int, "last_delivered_id": str | None,
-        "dead": int (entries in the dead-letter stream), "group": bool (group exists)}``.
+        "dead": int (entries in the dead-letter stream; ``magpie stats redrive`` moves them back),
+        "group": bool (group exists), "infra": dict | None (ingestion backing off because the database
+        refuses writes: :func:`magpie.stats.infra.read_state`'s dict; None while it writes fine)}``.
     Raises:
         redis.RedisError: Redis unavailable.
     """
@@ -26,7 +29,9 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
     pipe = redis.pipeline(transaction=False)
     pipe.xlen(key)
     pipe.xlen(dead_key(prefix))
-    length, dead = pipe.execute()
+    pipe.hgetall(infra_key(prefix))
+    pipe.time()
+    length, dead, raw_infra, (sec, usec) = pipe.execute()
     out = {
         "stream": key,
         "length": int(length),
@@ -36,6 +41,7 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
         "last_delivered_id": None,
         "dead": int(dead),
         "group": False,
+        "infra": state_from(raw_infra, int(sec) * 1000 + int(usec) // 1000),
     }
     if not length and not redis.exists(key):
         return out

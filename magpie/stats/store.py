@@ -11,6 +11,13 @@
 The referenced routes are locked against deletion until commit and their hash compared, so a result never
 lands on a deleted route or on another route that reuses the id. Results the database rejects are
 isolated by applying one result per transaction and come back as dead letters.
+
+Failures come in two kinds (:func:`is_data_error`, :func:`is_infra_failure`): a *data error* is that
+entry's fault (``psycopg2`` ``DataError`` / ``IntegrityError``, or a :class:`MalformedEntry` found while
+applying) and dead-letters it; an *infrastructure failure* is the database's (connection lost or refused,
+``OperationalError`` such as disk full, lock or statement timeout, serialization failure or deadlock;
+``InternalError`` such as ``cannot execute ... in a read-only transaction``; ``InterfaceError``; a
+missing table) and leaves every entry of the batch as it was, for a later attempt.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import psycopg2
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.stats.entry import DeadLetter, StreamEntry
+from magpie.stats.entry import DeadLetter, MalformedEntry, StreamEntry
 
 _ROUTES = "SELECT id, route_hash FROM routes WHERE id = ANY(%s::bigint[]) ORDER BY id FOR KEY SHARE"
 _LEDGER = """
@@ -69,21 +76,78 @@ _HEALTH_UPDATE = """
 """
 
 
-def database_answers(engine: Engine) -> bool:
-    """True when PostgreSQL answers ``SELECT 1`` (one round trip); never raises for an outage."""
+_APPLIED = "SELECT stream_id FROM stats_ledger WHERE stream_id = ANY(%s::text[])"
+
+
+def ping_error(engine: Engine) -> str | None:
+    """``None`` when PostgreSQL answers ``SELECT 1`` (one round trip), else the failure as one line;
+    never raises for an outage. Answering is not accepting writes (see :func:`is_infra_failure`)."""
     try:
         with engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
+        return None
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError) as exc:
+        return describe_failure(exc)
+
+
+_WRITE_PROBE = "UPDATE stats_ledger SET committed_at = committed_at WHERE stream_id IS NULL"
+
+
+def write_probe_error(engine: Engine) -> str | None:
+    """``None`` when PostgreSQL accepts a write statement on the ingestion's tables, else the failure as
+    one line. The statement matches no row (the ledger's key is never NULL), so it changes nothing, but
+    a read-only database, a lock held against the ledger (past ``lock_timeout``) or an unreachable server
+    fails it. Never raises for an outage."""
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(_WRITE_PROBE)
+        return None
+    except (sa.exc.DBAPIError, sa.exc.TimeoutError, OSError) as exc:
+        return describe_failure(exc)
+
+
+def database_answers(engine: Engine) -> bool:
+    """True when PostgreSQL answers ``SELECT 1`` (one round trip); never raises for an outage."""
+    return ping_error(engine) is None
+
+
+def is_data_error(exc: BaseException) -> bool:
+    """True when the failure is the entry's own: the database rejected its data (``DataError``,
+    ``IntegrityError`` on a live connection) or it proved malformed while being applied."""
+    if isinstance(exc, MalformedEntry):
         return True
-    except (sa.exc.DBAPIError, OSError):
-        return False
-
-
-def _is_data_error(exc: sa.exc.DBAPIError) -> bool:
-    """True when the database rejected the data (not a connection or concurrency failure)."""
-    return not exc.connection_invalidated and isinstance(
-        exc.orig, (psycopg2.DataError, psycopg2.IntegrityError)
+    return (
+        isinstance(exc, sa.exc.DBAPIError)
+        and not exc.connection_invalidated
+        and isinstance(exc.orig, (psycopg2.DataError, psycopg2.IntegrityError))
     )
+
+
+def is_infra_failure(exc: BaseException) -> bool:
+    """True when the database, not the entry, failed: any other DBAPI error (connection, read-only,
+    disk full, lock or statement timeout, serialization failure, deadlock, interface, missing schema),
+    a pool timeout or a socket error. Such a failure must not count toward an entry's delivery limit."""
+    if is_data_error(exc):
+        return False
+    return isinstance(exc, (sa.exc.DBAPIError, sa.exc.TimeoutError, sa.exc.DisconnectionError, OSError))
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line naming a database failure: the class, the SQLSTATE when known, the driver's first line."""
+    orig = getattr(exc, "orig", None) or exc
+    code = getattr(orig, "pgcode", None)
+    first = (str(orig).strip().splitlines() or [""])[0]
+    return f"{orig.__class__.__name__}{f' [{code}]' if code else ''}: {first}"[:300]
+
+
+def applied_ids(engine: Engine, ledger_ids: Sequence[str]) -> set[str]:
+    """Which of ``ledger_ids`` the replay ledger holds (already applied). One query.
+
+    Raises ``sqlalchemy.exc.DBAPIError`` on a database failure."""
+    if not ledger_ids:
+        return set()
+    with engine.connect() as conn:
+        return set(conn.exec_driver_sql(_APPLIED, (sorted(set(ledger_ids)),)).scalars())
 
 
 def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int, list[DeadLetter]]:
@@ -91,17 +155,19 @@ def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int,
     applying one entry per transaction.
 
     Returns:
-        ``(committed, replayed, dead)``: entries written, entries skipped as already in the ledger, and
-        dead letters (route gone, hash mismatch, rejected by the database).
+        ``(committed, replayed, dead)``: entries written, entries skipped as already in the ledger (or
+        given twice under one :attr:`~StreamEntry.ledger_id`), and dead letters (route gone, hash
+        mismatch, rejected by the database).
     Raises:
-        sqlalchemy.exc.DBAPIError: PostgreSQL unavailable, or the transaction failed for another reason
-            than the data (deadlock, serialization); nothing of the failed transaction is kept.
+        sqlalchemy.exc.DBAPIError (or ``OSError``): an infrastructure failure (:func:`is_infra_failure`);
+            nothing of the failed transaction is kept (single entries committed while isolating a data
+            error stay committed, and are replays next time).
     """
     try:
         with engine.begin() as conn:
             return _apply_tx(conn, entries)
-    except sa.exc.DBAPIError as exc:
-        if not _is_data_error(exc):
+    except (sa.exc.DBAPIError, MalformedEntry) as exc:
+        if not is_data_error(exc):
             raise
     committed = replayed = 0
     dead: list[DeadLetter] = []
@@ -109,9 +175,12 @@ def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int,
         try:
             with engine.begin() as conn:
                 c, rp, d = _apply_tx(conn, [e])
-        except sa.exc.DBAPIError as exc:
-            if not _is_data_error(exc):
+        except (sa.exc.DBAPIError, MalformedEntry) as exc:
+            if not is_data_error(exc):
                 raise
+            if isinstance(exc, MalformedEntry):
+                dead.append(DeadLetter(e.stream_id, f"malformed: {exc}", e.fields))
+                continue
             msg = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc)
             dead.append(DeadLetter(e.stream_id, f"rejected by database: {msg}", e.fields))
             continue
@@ -141,8 +210,12 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int,
     if not good:
         return 0, 0, dead
 
-    fresh = set(conn.exec_driver_sql(_LEDGER, (sorted({e.stream_id for e in good}),)).scalars())
-    todo = [e for e in good if e.stream_id in fresh]
+    fresh = set(conn.exec_driver_sql(_LEDGER, (sorted({e.ledger_id for e in good}),)).scalars())
+    todo: list[StreamEntry] = []
+    for e in good:  # one entry per ledger id, even when a redriven copy shares the batch
+        if e.ledger_id in fresh:
+            fresh.discard(e.ledger_id)
+            todo.append(e)
     replayed = len(good) - len(todo)
     if not todo:
         return 0, replayed, dead
@@ -161,7 +234,7 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int,
             [r.anonymity for r in results],
             [r.body for r in results],
             [r.judge for r in results],
-            [e.stream_id for e in todo],
+            [e.ledger_id for e in todo],
         ),
     )
     _update_health(conn, todo)
@@ -210,4 +283,13 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
     conn.exec_driver_sql(_HEALTH_UPDATE, cols)
 
 
-__all__ = ["apply_results", "database_answers"]
+__all__ = [
+    "applied_ids",
+    "apply_results",
+    "database_answers",
+    "describe_failure",
+    "is_data_error",
+    "is_infra_failure",
+    "ping_error",
+    "write_probe_error",
+]

@@ -81,6 +81,52 @@ def test_dry_run_stores_nothing(cli, db, tmp_path):
     assert json.loads(cli("status", "--json").stdout)["totals"]["scheduled"] == 0
 
 
+GUARDED = """\
+10.0.0.1:3128
+127.0.0.1:3128
+[fd00::1]:1080
+socks5://u:p@169.254.169.254:1080
+[2002:a9fe:a9fe::1]:80
+localhost:8080
+10.0.0.1:3128
+proxy.example.net:3128 US
+999.1.1.1:80
+user:pa ss@127.0.0.5:80
+"""
+
+
+def test_import_refuses_private_routes_per_line_and_imports_the_rest(cli, db, tmp_path, monkeypatch):
+    monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "127.0.0.0/8,::1")
+    get_settings.cache_clear()
+    f = tmp_path / "list.txt"
+    f.write_text(GUARDED)
+    dry = json.loads(cli("import", str(f), "-w", "alpha", "--dry-run", "--json").stdout)
+    out = json.loads(cli("import", str(f), "-w", "alpha", "--json").stdout)
+    assert {**dry, "imported": 3} == out  # a dry run reports the same lines
+    assert (out["valid"], out["imported"], out["refused"], out["duplicates"]) == (3, 3, 5, 0)
+    reasons = {x["line"]: x["reason"] for x in out["invalid"]}
+    assert sorted(reasons) == [1, 3, 4, 5, 7, 9, 10]
+    for line, what in [(1, "10.0.0.1 is private"), (3, "fd00::1 is unique-local"),
+                       (4, "169.254.169.254 is link-local"),
+                       (5, "2002:a9fe:a9fe::1 is an IPv6 form of link-local IPv4 169.254.169.254"),
+                       (7, "10.0.0.1 is private")]:
+        assert reasons[line] == f"refused by the egress guard: {what} (allow it with MAGPIE_CHECK_ALLOW_PRIVATE)"
+    assert reasons[9].startswith("bad address") and reasons[10].startswith("credentials contain whitespace")
+    with db.connect() as c:
+        hosts = sorted(c.execute(sa.text("SELECT host FROM routes")).scalars())
+    assert hosts == ["127.0.0.1", "localhost", "proxy.example.net"]
+    text = cli("import", str(f), "-w", "beta")
+    assert "invalid=7 (refused by the egress guard: 5)" in text.stdout
+    assert "  line 5: refused by the egress guard: 2002:a9fe:a9fe::1 is an IPv6 form" in text.stderr
+    assert "pa ss" not in text.output
+
+    monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "10.0.0.0/8")  # the setting decides, nothing else
+    get_settings.cache_clear()
+    other = json.loads(cli("import", str(f), "-w", "gamma", "--dry-run", "--json").stdout)
+    assert (other["valid"], other["duplicates"], other["refused"]) == (2, 1, 5)  # 10.0.0.1 (twice), the name
+    assert {x["line"] for x in other["invalid"]} == {2, 3, 4, 5, 6, 9, 10}
+
+
 def test_broken_config_value_is_named(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("PROXY_QUEUE_SHARDS", "500")
     get_settings.cache_clear()
@@ -164,6 +210,8 @@ def test_queue_rebuild_after_redis_lost_the_schedule(cli, db, tmp_path, redis_cl
 def test_tables_print_user_text_literally(cli, db, tmp_path, monkeypatch):
     """Credentials and hosts are data, not rich markup: '[/x]' or '[fe80::1]' must not break a table."""
     monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "127.0.0.0/8,fe80::/10")  # a link-local route on purpose
+    get_settings.cache_clear()
     f = tmp_path / "list.txt"
     f.write_text("http://%5B%2Fx%5D:p@127.0.0.1:7001\n[fe80::1]:80\n")
     cli("import", str(f), "-w", "alpha")
@@ -208,3 +256,13 @@ def test_lab_with_a_taken_port_names_it_and_exits_2(tmp_path):
                                         str(port)])
     assert res.exit_code == 2, res.output
     assert f"127.0.0.1:{port}" in res.stderr and "Traceback" not in res.output
+
+
+def test_lab_hints_at_the_loopback_allowance_only_when_it_is_missing(monkeypatch):
+    from magpie.cli.lab import LOOPBACK_HINT, _needs_loopback_hint
+
+    assert "MAGPIE_CHECK_ALLOW_PRIVATE=127.0.0.0/8" in LOOPBACK_HINT
+    lab_hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.9"]
+    for value, hint in [("false", True), ("127.0.0.1/32", True), ("127.0.0.0/8", False), ("true", False)]:
+        monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", value)
+        assert _needs_loopback_hint(lab_hosts) is hint, value

@@ -20,6 +20,7 @@ from magpie.checkpool import CheckPool
 from magpie.cycle import promote
 from magpie.queue import Lease, Payload, QueueKeys, RouteQueue, is_lease_score
 from magpie.queue.capacity import CapacityRegistry
+from magpie.queue.completion import StreamTarget
 from magpie.routes import Route
 
 
@@ -76,19 +77,36 @@ def seed(q, sleeps_ms):
     return items
 
 
-class Published(list):
-    """Collects published entries with the time each batch arrived."""
+class Published:
+    """The results stream the pool under test appends to, read back as ``[(fields, stream id)]``."""
 
-    def __call__(self, entries):
-        t = time.monotonic()
-        self.extend((e, t) for e in entries)
+    def __init__(self, q):
+        self.r, self.key = q.r, q.keys.prefix + "results"
+
+    def target(self, maxlen=1_000_000, policy="evict_oldest"):
+        return StreamTarget(self.key, "test-group", maxlen, policy)
+
+    def rows(self):
+        return [({k.decode(): v.decode() for k, v in f.items()}, sid.decode()) for sid, f in self.r.xrange(self.key)]
+
+    def __len__(self):
+        return self.r.xlen(self.key)
+
+    def __iter__(self):
+        return iter(self.rows())
+
+    def __getitem__(self, i):
+        return self.rows()[i]
+
+    def __eq__(self, other):
+        return self.rows() == list(other)
 
 
-def make_pool(q, engine, publish, **kw):
+def make_pool(q, engine, published, **kw):
     kw.setdefault("capacity", 100)
     kw.setdefault("renew_below_ms", 0)
     kw.setdefault("complete_interval", 0.05)
-    return CheckPool(q, engine, publish, **kw).start()
+    return CheckPool(q, engine, published.target(**kw.pop("stream", {})), **kw).start()
 
 
 # -- promote -----------------------------------------------------------------------------------------------
@@ -161,7 +179,7 @@ def test_capacity_registry_counts_live_engines_only(redis_client, redis_prefix):
 # -- the check pool ----------------------------------------------------------------------------------------
 def test_pool_completes_and_publishes_every_lease(q):
     seed(q, [5] * 20)
-    published = Published()
+    published = Published(q)
     pool = make_pool(q, FakeEngine(), published)
     try:
         assert pool.submit(q.pop(20)) == 20
@@ -176,7 +194,7 @@ def test_pool_completes_and_publishes_every_lease(q):
 
 def test_fast_routes_complete_before_a_slow_batch_mate_finishes(q):
     seed(q, [3000] + [10] * 20)  # one slow route (3 s) and twenty fast ones in one message
-    published = Published()
+    published = Published(q)
     engine = FakeEngine()
     pool = make_pool(q, engine, published)
     try:
@@ -197,7 +215,7 @@ def test_fast_routes_complete_before_a_slow_batch_mate_finishes(q):
 def test_pool_runs_at_most_capacity_checks_at_once(q):
     seed(q, [50] * 40)
     engine = FakeEngine()
-    pool = make_pool(q, engine, Published(), capacity=7)
+    pool = make_pool(q, engine, Published(q), capacity=7)
     try:
         pool.submit(q.pop(40))
         assert pool.wait_idle(20)
@@ -206,12 +224,12 @@ def test_pool_runs_at_most_capacity_checks_at_once(q):
     assert engine.peak == 7 and pool.peak_running == 7 and pool.totals.completed == 40
 
 
-def test_submit_blocks_while_a_full_set_already_waits(q):
+def test_submit_blocks_while_a_backlog_already_waits(q):
     seed(q, [300] * 12)
-    pool = make_pool(q, FakeEngine(), Published(), capacity=4)
+    pool = make_pool(q, FakeEngine(), Published(q), capacity=4)
     try:
         leases = q.pop(12)
-        assert pool.submit(leases[:8]) == 8  # 4 running, 4 pending: a full set waits
+        assert pool.submit(leases[:8]) == 8  # 4 running, 4 pending: more than the backlog (1) waits
         t0 = time.monotonic()
         assert pool.submit(leases[8:]) == 4  # admitted only once the first four finished
         assert time.monotonic() - t0 >= 0.2
@@ -224,7 +242,7 @@ def test_lost_lease_cancels_the_attempt_in_flight(q):
     seed(q, [30_000])
     le = q.pop(1, lease_ms=60_000)[0]
     engine = FakeEngine()
-    published = Published()
+    published = Published(q)
     pool = make_pool(q, engine, published, renew_below_ms=59_000)  # renewed at the first renewal tick
     try:
         pool.submit([le])
@@ -245,7 +263,7 @@ def test_renewal_extends_leases_of_running_checks(q):
     seed(q, [1500])
     le = q.pop(1, lease_ms=60_000)[0]
     first = le.lease_score
-    pool = make_pool(q, FakeEngine(), Published(), renew_below_ms=59_500)
+    pool = make_pool(q, FakeEngine(), Published(q), renew_below_ms=59_500)
     try:
         pool.submit([le])
         assert pool.wait_idle(5)
@@ -257,7 +275,7 @@ def test_renewal_extends_leases_of_running_checks(q):
 def test_stale_completion_drops_the_result(q):
     seed(q, [300])
     le = q.pop(1, lease_ms=60_000)[0]
-    published = Published()
+    published = Published(q)
     pool = make_pool(q, FakeEngine(), published)
     try:
         pool.submit([le])
@@ -274,7 +292,7 @@ def test_lease_too_late_to_start_is_handed_back_without_a_stall(q):
     seed(q, [10])
     before = q.r.zscore(q.keys.shard_of("0" * 24), "0" * 24)
     le = q.pop(1, lease_ms=2_000)[0]  # less lease left than one check may take (max_check_seconds=5)
-    pool = make_pool(q, FakeEngine(), Published())
+    pool = make_pool(q, FakeEngine(), Published(q))
     try:
         pool.submit([le])
         assert pool.wait_idle(5)
@@ -290,7 +308,7 @@ def test_lease_too_late_to_start_is_handed_back_without_a_stall(q):
 
 def test_closing_hands_back_running_and_pending_leases(q):
     seed(q, [30_000] * 6)
-    pool = make_pool(q, FakeEngine(), Published(), capacity=3)
+    pool = make_pool(q, FakeEngine(), Published(q), capacity=3)
     leases = q.pop(6)
     pool.submit(leases)
     time.sleep(0.1)
@@ -304,7 +322,7 @@ def test_closing_hands_back_running_and_pending_leases(q):
 def test_infrastructure_failure_retries_on_backoff_not_full_interval(q):
     seed(q, [5, 5])
     leases = q.pop(2)
-    published = Published()
+    published = Published(q)
     pool = make_pool(q, FakeEngine(error="ConnectionError", judge_up=False), published,
                      backoff=Backoff("fixed", 2_000, 2_000))
     try:
@@ -322,7 +340,7 @@ def test_infrastructure_failure_retries_on_backoff_not_full_interval(q):
 
 def test_dead_route_with_judge_up_completes_normally(q):
     seed(q, [5])
-    published = Published()
+    published = Published(q)
     pool = make_pool(q, FakeEngine(error="ProxyError"), published)
     try:
         pool.submit(q.pop(1))
@@ -336,7 +354,7 @@ def test_malformed_payload_is_left_to_expire(q):
     seed(q, [5])
     le = q.pop(1)[0]
     le.payload = "{not json"
-    pool = make_pool(q, FakeEngine(), Published())
+    pool = make_pool(q, FakeEngine(), Published(q))
     try:
         pool.submit([le])
         assert pool.wait_idle(5)
@@ -372,3 +390,69 @@ def test_runtime_resources_build_in_any_order(monkeypatch, settings):
     t.start()
     t.join(5)
     assert out and out[0].keys.prefix == settings.redis_prefix
+
+
+def test_a_result_is_recorded_if_and_only_if_its_lease_completed(q):
+    seed(q, [5] * 4)
+    leases = q.pop(4)
+    stale = leases[0]
+    q.r.zadd(q.keys.shard_of(stale.member), {stale.member: 5_000_000_000_000.5})  # taken over meanwhile
+    published = Published(q)
+    results = [{"route_id": str(i), "alive": "1"} for i in range(4)]
+    comp = q.complete_with_results(leases, results, published.target())
+    assert comp.codes[0] != 1 and comp.ids[0] is None
+    assert comp.codes[1:] == [1, 1, 1] and all(comp.ids[1:])
+    assert [f["route_id"] for f, _ in published] == ["1", "2", "3"]
+    assert [sid for _, sid in published] == comp.ids[1:]  # appended by the completing call itself
+
+
+def test_a_full_stream_refuses_without_completing_anything(q):
+    seed(q, [5] * 3)
+    leases = q.pop(3)
+    published = Published(q)
+    q.r.xadd(published.key, {"x": "1"})
+    q.r.xadd(published.key, {"x": "2"})
+    comp = q.complete_with_results(leases, [{"a": "1"}] * 3, published.target(maxlen=3, policy="refuse"))
+    assert comp.full and comp.codes == []
+    assert q.status()["totals"]["leased"] == 3 and len(published) == 2  # nothing changed
+    comp = q.complete_with_results(leases, [{"a": "1"}] * 3, published.target(maxlen=3, policy="drop_new"))
+    assert comp.codes == [1, 1, 1] and comp.dropped == 2 and sum(1 for i in comp.ids if i) == 1
+    assert q.status()["totals"]["leased"] == 0 and len(published) == 3
+
+
+def test_evict_oldest_makes_room_and_counts_the_loss(q):
+    seed(q, [5] * 2)
+    leases = q.pop(2)
+    published = Published(q)
+    for i in range(3):
+        q.r.xadd(published.key, {"old": str(i)})
+    comp = q.complete_with_results(leases, [{"new": "a"}, {"new": "b"}], published.target(maxlen=3))
+    assert comp.codes == [1, 1] and comp.dropped == 2
+    assert [f for f, _ in published] == [{"old": "2"}, {"new": "a"}, {"new": "b"}]
+
+
+def test_block_policy_waits_for_room_then_drops_new_results(q):
+    seed(q, [5])
+    published = Published(q)
+    q.r.xadd(published.key, {"x": "1"})
+    engine = FakeEngine()
+    pool = CheckPool(q, engine, published.target(maxlen=1, policy="block"), capacity=10, renew_below_ms=0,
+                     complete_interval=0.05, block_timeout=0.5).start()
+    try:
+        t0 = time.monotonic()
+        pool.submit(q.pop(1))
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert time.monotonic() - t0 >= 0.5  # waited for room first
+    assert pool.totals.completed == 1 and pool.totals.dropped == 1 and pool.totals.published == 0
+
+
+
+def test_thousands_of_leases_are_handed_back_in_one_call(q):
+    """A closing pool hands back all it holds (10,000 leases per process by default) in one call."""
+    seed(q, [5] * 9000)
+    leases = [le for _ in range(9) for le in q.pop(1000)]
+    assert len(leases) == 9000
+    assert q.release(leases) == [1] * 9000
+    assert q.status()["totals"]["leased"] == 0

@@ -292,7 +292,8 @@ def test_private_targets_are_refused_at_creation(db, settings):
     with db.begin() as c:
         c.execute(sa.text("INSERT INTO workspaces (name) VALUES ('acme')"))
     for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/", "http://169.254.169.254/latest", "http://[::1]/",
-                "http://[fe80::1]/", "http://[::ffff:192.168.1.1]/", "http://100.64.0.1/", "http://localhost:9/"):
+                "http://[fe80::1]/", "http://[::ffff:192.168.1.1]/", "http://100.64.0.1/", "http://localhost:9/",
+                "http://[2002:a9fe:a9fe::1]/", "http://[64:ff9b::a00:1]/", "http://[fd00::1]/"):
         with pytest.raises(WebhookRefused):
             create_webhook_channel(db, settings, "acme", "hook", url)
     for url in ("ftp://example.test/", "http://user:pw@93.184.216.34/", "http:///nohost"):

@@ -190,3 +190,15 @@ def test_egress_guard_refuses_a_private_judge_too(faults):
     res = run(eng.check(route(faults, "echo", user="u1")))
     assert res.error == "EgressRefused"
     assert run(eng.judge_reachable(max_age=0)) is False
+
+
+def test_credentials_a_proxy_forwards_to_the_judge_are_masked_in_the_stored_body(faults):
+    import base64
+
+    eng = engine(faults, timeout=2.0, attempts=1)
+    r = Route("http", *faults.hostport("echo"), "leaky-user", "Sup3r-Secret")
+    token = base64.b64encode(b"leaky-user:Sup3r-Secret").decode()
+    raw = ('{"remote_addr": "127.0.0.23", "headers": {"Proxy-Authorization": "Basic %s", "X": "Sup3r-Secret"}}'
+           % token).encode()
+    body = eng._body(raw, r)
+    assert token not in body and "Sup3r-Secret" not in body and body.count("***") == 2

@@ -46,48 +46,29 @@ def test_lost_lock_fires_cancellation_during_hold(redis_client, redis_prefix):
 
 def test_contention_resumes_after_redis_restart(tmp_path):
     """A private redis-server on a free loopback port goes away and comes back (empty): the holder's
-    renewal fails and cancels its work; afterwards the lock can be acquired again."""
-    import shutil
-    import socket
-    import subprocess
-
+    renewal fails and cancels its work; nobody acquires during the quiet period after the start, and
+    afterwards the lock can be acquired again."""
     import pytest
     import redis
 
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.skip("redis-server binary not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from private_redis import PrivateRedis
 
-    def start():
-        p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                              "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        c = redis.Redis(port=port, socket_timeout=1, socket_connect_timeout=1)
-        for _ in range(100):
-            try:
-                c.ping()
-                return p, c
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        p.kill()
-        raise RuntimeError("private redis-server did not start")
-
-    proc, client = start()
+    srv = PrivateRedis(tmp_path)
     try:
+        client = srv.start()
         a = LeaderLock(client, "t:", "job", ttl_ms=300)
+        srv.wait_until_acquirable(a)
         with a.hold() as lost:
             assert lost is not None
-            proc.kill()
-            proc.wait()
+            srv.kill()
             assert lost.wait(3.0)  # renewal failed: the job is told to stop
             b = LeaderLock(client, "t:", "job", ttl_ms=1000)
             with pytest.raises(redis.ConnectionError):
                 b.acquire()  # Redis is down: nobody leads, and the caller is told why
-            proc, client2 = start()
-            assert b.acquire()  # back (empty): contention simply resumes
-            assert not a.is_held()
+            client2 = srv.start()
+            assert not b.acquire() and b.refusal == "restarting"  # back (empty): the quiet period first
+            srv.wait_until_acquirable(b)
+            assert b.acquire()  # then contention simply resumes
+            assert not a.is_held() and client2.exists(b.key)
     finally:
-        proc.kill()
-        proc.wait()
+        srv.stop()

@@ -186,7 +186,8 @@ def test_cli_health_reports_ready_and_fails_when_the_broker_is_down(cli_env, db,
     res = CliRunner().invoke(main, ["health", "--json"])
     rep = json.loads(res.output)
     assert res.exit_code == 0 and rep["ready"], res.output
-    assert set(rep["checks"]) == {"redis", "postgres", "broker", "schema", "queue", "scripts", "engines"}
+    assert set(rep["checks"]) == {"redis", "postgres", "broker", "schema", "key", "judge", "queue", "scripts",
+                                  "engines", "stats"}
     monkeypatch.setenv("MAGPIE_BROKER_URL", "redis://127.0.0.1:1/0")
     get_settings.cache_clear()
     res = CliRunner().invoke(main, ["health", "--timeout", "1"])

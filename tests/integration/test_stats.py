@@ -234,7 +234,7 @@ def test_entry_trimmed_while_pending_is_dead_lettered(db, redis_client, redis_pr
     assert _pending(redis_client, redis_prefix) == 0
 
 
-def test_postgres_down_raises_acks_nothing_and_retry_commits_everything(
+def test_postgres_down_reads_nothing_backs_off_and_then_commits_everything(
     db, redis_client, redis_prefix, stored
 ):
     a, b, c = stored
@@ -243,17 +243,23 @@ def test_postgres_down_raises_acks_nothing_and_retry_commits_everything(
         "postgresql+psycopg2://postgres@127.0.0.1:1/magpie", connect_args={"connect_timeout": 2}
     )
     try:
-        with pytest.raises(sa.exc.OperationalError):
-            ingest(redis_client, down, redis_prefix, "c1")
+        rep = ingest(redis_client, down, redis_prefix, "c1")
     finally:
         down.dispose()
-    assert _pending(redis_client, redis_prefix) == 3
-    assert _history(db) == []
-    # Same consumer, database back: its own unacknowledged entries are retried at once.
+    # Unreachable: an infrastructure failure, reported, not raised; nothing read, nothing delivered.
+    assert rep.infra_error is not None and "OperationalError" in rep.infra_error
+    assert (rep.read, rep.committed, rep.dead, rep.infra_failures) == (0, 0, 0, 1) and rep.backoff_s > 0
+    assert _pending(redis_client, redis_prefix) == 0
+    assert pending_summary(redis_client, redis_prefix)["infra"]["failures"] == 1
+    # While the backoff runs nobody reads, even with the database back.
     rep = ingest(redis_client, db, redis_prefix, "c1")
-    assert (rep.read, rep.recovered, rep.committed, rep.dead) == (3, 3, 3, 0)
+    assert rep.skipped and rep.read == 0 and rep.infra_error is not None
+    time.sleep(rep.backoff_s + 0.05)
+    rep = ingest(redis_client, db, redis_prefix, "c1")
+    assert (rep.read, rep.committed, rep.dead, rep.infra_cleared) == (3, 3, 0, 1)
     assert sorted(h[3] for h in _history(db)) == sorted(ids)
     assert _pending(redis_client, redis_prefix) == 0
+    assert pending_summary(redis_client, redis_prefix)["infra"] is None  # the commit cleared the state
 
 
 def test_batches_are_bounded_and_drain(db, redis_client, redis_prefix, stored):

@@ -435,3 +435,91 @@ def test_any_text_parses_skips_or_raises_parse_error(text):
         assert route.protocol in PROTOCOLS
         assert 0 < route.port < 65536
         assert route == _parse_address(route.url(), "http")
+
+
+# --- credentials with whitespace, ';' or ',' --------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"user:s3 cr3t@{IP}:8080",
+        f"user:s3;cr3t@{IP}:8080",
+        f"user:s3,cr3t@{IP}:8080 US elite",
+        f"us er:s3cr3t@{IP}:8080",
+        f"socks5://user:s3 cr3t@{IP}:1080",
+        f"user:s3 cr3t@[2001:db8::1]:8080",
+    ],
+)
+def test_credentials_cut_by_a_separator_are_refused_not_skipped(line):
+    with pytest.raises(ParseError) as info:
+        parse_line(line)
+    assert info.value.reason.startswith("credentials contain whitespace")
+    assert "s3" not in info.value.reason and "cr3t" not in info.value.reason  # nothing of the secret
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"{IP}:8080:user:pa ss",
+        f"{IP}:8080:user:pa\tss",
+        f"{IP}:8080:user:pa;ss",
+        f"{IP}:8080:user:pass US elite",
+        f"socks5://{IP}:1080:user:pa ss",
+        f"[2001:db8::7]:1080:u:p x",
+    ],
+)
+def test_text_after_a_colon_form_password_is_refused_not_cut(line):
+    with pytest.raises(ParseError) as info:
+        parse_line(line)
+    assert info.value.reason.startswith("text after host:port:user:pass")
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (f"{IP}:8080:user:pass # eu-west", http(IP, 8080, "user", "pass")),
+        (f"{IP}:8080:user:pass;", http(IP, 8080, "user", "pass")),
+        (f"{IP}:8080:user:pass \t", http(IP, 8080, "user", "pass")),
+        (f"user:pa%20ss@{IP}:8080 US", http(IP, 8080, "user", "pa ss")),
+        (f"socks5://user:pa%20ss@{IP}:1080", Route("socks5", IP, 1080, "user", "pa ss")),
+        (f"u:p@{IP}:8080 contact admin@{IP}:25", http(IP, 8080, "u", "p")),  # annotations may hold '@'
+    ],
+)
+def test_encoded_or_annotated_credentials_still_parse(line, expected):
+    assert parse_line(line) == expected
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["Contact: admin@example.com", "Mail john@example.com for access", "Support: help @ example.com:443"],
+)
+def test_prose_with_an_at_sign_is_still_prose(line):
+    assert parse_line(line) is None
+
+
+def test_whitespace_credentials_are_reported_with_their_line_numbers():
+    result = parse_lines([f"{IP}:8080", f"user:pa ss@{IP}:8081", f"{IP}:8082:user:pa ss", f"{IP}:8083 US-N-S +"])
+    assert result.routes == [http(IP, 8080), http(IP, 8083)]
+    assert [(x.line, x.reason.split(" ")[0]) for x in result.invalid] == [(2, "credentials"), (3, "text")]
+
+
+# --- a caller's refusal (the importer passes the egress guard) --------------------------------------------
+
+def test_refused_routes_are_invalid_per_line_and_the_rest_still_parse(tmp_path):
+    def refuse(route):
+        return f"refused: {route.host}" if route.host.startswith("10.") else None
+
+    lines = ["10.0.0.1:80", f"{IP}:80", "# c", "10.0.0.1:80", f"{IP}:80", "10.0.0.2:81 US", "999.1.1.1:80"]
+    result = parse_lines(lines, refuse=refuse)
+    assert result.routes == [http(IP, 80)]
+    assert (result.duplicates, result.skipped) == (1, 1)
+    assert result.invalid == [
+        InvalidLine(1, "refused: 10.0.0.1", "10.0.0.1:80"),
+        InvalidLine(4, "refused: 10.0.0.1", "10.0.0.1:80"),  # a refused route's repeat is refused too
+        InvalidLine(6, "refused: 10.0.0.2", "10.0.0.2:81 US"),
+        InvalidLine(7, "bad address '999.1.1.1'", "999.1.1.1:80"),
+    ]
+    path = tmp_path / "list.txt"
+    path.write_text("\n".join(lines))
+    assert parse_file(path, refuse=refuse) == result
+    assert parse_lines(lines).valid == 3  # the parser applies no policy of its own

@@ -18,6 +18,7 @@ from alembic import context
 from magpie.db.models import Base
 # every package's models, so autogenerate sees all tables
 import magpie.alerts.models  # noqa: E402,F401
+import magpie.fencing  # noqa: E402,F401
 import magpie.maintenance.models  # noqa: E402,F401
 import magpie.outbox.models  # noqa: E402,F401
 
