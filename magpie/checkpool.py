@@ -19,6 +19,9 @@ on one event loop). The pool's own coroutines then keep the leases moving:
 Redis calls run in one dedicated I/O thread so the event loop never blocks on them. When the judge
 itself is unreachable a failed check is not the route's fault: the route is retried on the backoff curve
 and no result is published. A result whose lease was lost is dropped.
+
+One module on purpose: admission, the slots, completion flushes, renewals, hand-back and the heartbeat
+share the pool's state and one event loop; split apart they would pass that state back and forth.
 """
 
 from __future__ import annotations

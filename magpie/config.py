@@ -6,6 +6,10 @@ against this machine kind's local services (PostgreSQL, Redis and RabbitMQ on 12
 
 A bad value raises :class:`ConfigError` at start with the variable's name in the message. Durations have
 upper bounds (:data:`DAY`, :data:`MONTH`...) so that a typo such as ``1e300`` is refused, not "forever".
+
+One module on purpose: pydantic-settings reads one flat model, and every setting is documented where it
+is declared; the typed slices (:class:`ScheduleSettings`, :class:`CheckSettings`, :class:`StreamSettings`)
+are what the code that needs a concern's settings takes.
 """
 
 from __future__ import annotations

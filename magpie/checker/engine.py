@@ -18,6 +18,9 @@ connection is final: no further attempt is made in that check. Cancelling the co
 stops the attempt in flight at once.
 
 Error classes are those of :mod:`magpie.checker.result`.
+
+One module on purpose: an attempt, its deadlines and the mapping of every way it can fail to an error
+class are one piece of policy and read best together; limits, TLS and results live beside it.
 """
 
 from __future__ import annotations
