@@ -56,32 +56,11 @@ for _, shard in ipairs(order) do
 end
 
 -- room in the stream for the completed results (entries already consumed are trimmed first)
-local dropped, trimmed, first_kept = 0, 0, 1
+local first, last, dropped, trimmed = 1, results, 0, 0
 if stream and results > 0 then
-  local len = redis.call('XLEN', stream)
-  if len + results > maxlen and len > 0 then
-    local floor = consumed_floor(stream, group)
-    if floor then
-      trimmed = redis.call('XTRIM', stream, 'MINID', floor)
-      len = len - trimmed
-    end
-  end
-  local over = len + results - maxlen
-  if over > 0 then
-    if policy == 'refuse' then return { 0, trimmed, 1 } end
-    if policy == 'drop_new' then
-      first_kept = math.max(0, maxlen - len) + 1  -- results past the room are dropped
-      dropped = results - (first_kept - 1)
-      first_kept = -first_kept
-    else  -- evict_oldest: the oldest unconsumed entries make room (and a batch above the bound keeps its tail)
-      if results > maxlen then first_kept = results - maxlen + 1; dropped = results - maxlen end
-      local evict = len - math.max(0, maxlen - (results - dropped))
-      if evict > 0 then
-        redis.call('XTRIM', stream, 'MAXLEN', len - evict)
-        dropped = dropped + evict
-      end
-    end
-  end
+  local full
+  first, last, dropped, trimmed, full = room_for(stream, group, maxlen, results, policy)
+  if full then return { 0, trimmed, 1 } end
 end
 
 -- reschedule and append
@@ -119,9 +98,7 @@ for i = 1, n do
   local it = items[i]
   if stream and res[i] == 1 and it.nf > 0 then
     k = k + 1
-    local keep
-    if first_kept < 0 then keep = k < -first_kept else keep = k >= first_kept end
-    if keep then
+    if k >= first and k <= last then
       local args = { stream, '*' }
       for j = it.at, it.at + 2 * it.nf - 1 do args[#args + 1] = ARGV[j] end
       id = redis.call('XADD', unpack(args))

@@ -8,28 +8,7 @@
 -- Returns { dropped, trimmed_consumed, id_1, ..., id_n } with '' for a dropped entry.
 local key = KEYS[1]
 local maxlen, policy, group, n = tonumber(ARGV[1]), ARGV[2], ARGV[3], tonumber(ARGV[4])
-local len = redis.call('XLEN', key)
-local trimmed = 0
-if len + n > maxlen and len > 0 then
-  local floor = consumed_floor(key, group)
-  if floor then
-    trimmed = redis.call('XTRIM', key, 'MINID', floor)
-    len = len - trimmed
-  end
-end
-local first, last = 1, n
-local dropped = 0
-if policy == 'drop_new' then
-  local room = math.max(0, maxlen - len)
-  if n > room then last = room; dropped = n - room end
-else
-  if n > maxlen then first = n - maxlen + 1; dropped = n - maxlen end
-  local over = len + (last - first + 1) - maxlen
-  if over > 0 then
-    redis.call('XTRIM', key, 'MAXLEN', maxlen - (last - first + 1))
-    dropped = dropped + over
-  end
-end
+local first, last, dropped, trimmed = room_for(key, group, maxlen, n, policy)
 local out = { dropped, trimmed }
 local pos = 5
 for i = 1, n do
