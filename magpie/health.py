@@ -49,8 +49,15 @@ def judge_probe(settings) -> str:
 
     Raises :class:`magpie.config.ConfigError` when ``MAGPIE_JUDGE_CA_BUNDLE`` cannot be loaded.
     """
-    from magpie.checker.tls import HTTPS_JUDGE_NOTE, is_https, judge_ssl_context
+    from urllib.parse import urlsplit
 
+    from magpie.checker.tls import HTTPS_JUDGE_NOTE, is_https, judge_ssl_context
+    from magpie.egress import EgressPolicy, is_ip_literal
+
+    host = urlsplit(settings.judge_url).hostname or ""
+    refused = EgressPolicy(settings.check_allow_private).refusal(host) if is_ip_literal(host) else None
+    if refused:  # every check would be retried and none recorded
+        return _Warning(f"judge refused by the egress guard: {refused}")
     if not is_https(settings.judge_url):
         return "http judge (anonymity graded from the headers it echoes)"
     judge_ssl_context(settings.judge_ca_bundle)

@@ -10,6 +10,7 @@ import click
 from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json, print_table
 from magpie.cli.routes import PROTOCOL_CHOICE
+from magpie.errors import MagpieError
 
 
 @click.command()
@@ -40,9 +41,10 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
     from magpie.importer.parse import parse_file
 
     s = state.settings
+    source = "--judge" if judge_url else "MAGPIE_JUDGE_URL"
     judge_url = judge_url or s.judge_url
     if urlsplit(judge_url).scheme not in ("http", "https") or not urlsplit(judge_url).hostname:
-        raise click.BadParameter(f"not an http(s) URL: {judge_url!r}", param_hint="--judge")
+        raise MagpieError(f"{source}: not an http(s) URL: {judge_url!r}")
     parsed = parse_file(file, default_protocol=protocol)
     for bad in parsed.invalid[:50]:
         click.echo(f"  line {bad.line}: {bad.reason}", err=True)
@@ -59,10 +61,9 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
         judge_host = urlsplit(judge_url).hostname or ""
         refused = guard.refusal(judge_host) if is_ip_literal(judge_host) else None
         if refused:
-            click.echo(f"error: judge refused by the egress guard: {refused}", err=True)
-            raise click.exceptions.Exit(1)
+            raise MagpieError(f"{source}: judge refused by the egress guard: {refused}")
         if checker.learn_own_address() is None:
-            click.echo(f"error: judge {checker.judge_url} does not answer a direct request with an echo; "
+            click.echo(f"Error: judge {checker.judge_url} does not answer a direct request with an echo; "
                        "fix --judge (or MAGPIE_JUDGE_URL) before checking routes", err=True)
             raise click.exceptions.Exit(1)
         setting = "--concurrency" if concurrency else "MAGPIE_CHECKS_PER_PROCESS"

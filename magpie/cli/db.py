@@ -30,7 +30,9 @@ def db_upgrade(state: CliState, revision: str) -> None:
         raise  # a key mismatch: already one line naming PROXY_ENCRYPTION_KEY
     except Exception as exc:  # noqa: BLE001 - any connection or migration failure, reported plainly
         safe = make_url(url).render_as_string(hide_password=True)
-        raise MagpieError(f"database upgrade failed ({safe}): {exc}") from None
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise MagpieError(f"database upgrade failed ({safe}): {detail[0] if detail else type(exc).__name__}") \
+            from None
     click.echo(f"database at revision {current_revision(url)}")
 
 

@@ -80,7 +80,7 @@ def queue() -> None:
     """Operate the route schedule: pause/resume, drain, obliterate, dead letters and per-route verbs.
 
     Refusals exit with status 3 and a typed code: not_paused, active_leases, lease_lost, gone, leased,
-    dead, not_dead.
+    dead, not_dead, layout_mismatch.
     """
 
 

@@ -266,3 +266,19 @@ def test_lab_hints_at_the_loopback_allowance_only_when_it_is_missing(monkeypatch
     for value, hint in [("false", True), ("127.0.0.1/32", True), ("127.0.0.0/8", False), ("true", False)]:
         monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", value)
         assert _needs_loopback_hint(lab_hosts) is hint, value
+
+
+def test_one_shot_check_names_the_setting_that_refuses_the_judge(tmp_path, monkeypatch):
+    f = tmp_path / "list.txt"
+    f.write_text("127.0.0.2:8080\n")
+    monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "false")
+    get_settings.cache_clear()
+    try:
+        res = CliRunner().invoke(main, ["check", str(f), "--judge", "http://127.0.0.1:9/"])
+        assert res.exit_code == 2 and "MAGPIE_CHECK_ALLOW_PRIVATE" in res.stderr, res.output
+        monkeypatch.setenv("MAGPIE_JUDGE_URL", "notaurl")
+        get_settings.cache_clear()
+        res = CliRunner().invoke(main, ["check", str(f)])
+        assert res.exit_code == 2 and "MAGPIE_JUDGE_URL" in res.stderr and "--judge" not in res.stderr
+    finally:
+        get_settings.cache_clear()
