@@ -22,3 +22,28 @@ def run_concurrently(fn: Callable[[], object], threads: int) -> tuple[list, list
     for t in ts:
         t.join()
     return results, errors
+
+
+def spawn_celery(args: list[str], env: dict, log, cwd) -> "subprocess.Popen":
+    """Start ``celery -A magpie <args>`` in its own process group (so :func:`stop_group` reaches its pool
+    children), output to ``log``."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=cwd, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_group(proc) -> None:
+    """SIGTERM the process group ``proc`` leads (only ours: started with a new session); SIGKILL after 20 s."""
+    import os
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

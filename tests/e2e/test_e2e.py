@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from helpers import spawn_celery, stop_group
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
@@ -36,18 +36,10 @@ def worker_env(settings, pg_url, redis_prefix, lab, **overrides) -> dict:
 
 
 def spawn(args, env, log):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return spawn_celery(args, env, log, ROOT)
 
 
-def stop(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+stop = stop_group
 
 
 def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path):

@@ -25,6 +25,8 @@ from urllib.parse import quote, quote_plus
 import pytest
 import requests
 
+from helpers import spawn_celery, stop_group
+
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
 from magpie.lab.lab import LAB_PASSWORD, start_free_lab
@@ -56,20 +58,10 @@ def _free_port() -> int:
 
 
 def _spawn(args, env, log):
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return spawn_celery(args, env, log, ROOT)
 
 
-def _stop(proc):
-    import signal
-
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+_stop = stop_group
 
 
 def _magpie(env, *args) -> subprocess.CompletedProcess:
