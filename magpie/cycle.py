@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-from magpie.checkpool import BatchReport  # noqa: F401 (re-exported: the outcome counts of a flush)
 from magpie.queue import RouteQueue
 
 

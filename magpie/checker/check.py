@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from magpie.checker.engine import CheckEngine
-from magpie.checker.result import CheckResult, parse_echo  # noqa: F401 (re-exported)
+from magpie.checker.result import CheckResult
 from magpie.routes import Route
 
 
