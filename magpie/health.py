@@ -41,7 +41,8 @@ def _probe(fn: Callable[[], str]) -> dict:
     except Exception as exc:  # noqa: BLE001 - every failure is a "not ready" with its reason
         detail = f"{exc.__class__.__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
         ok = False
-    return {"ok": ok, "detail": detail, "ms": round((time.monotonic() - t0) * 1000, 1)}
+    return {"ok": ok, "detail": detail, "ms": round((time.monotonic() - t0) * 1000, 1),
+            "warn": ok and isinstance(detail, _Warning)}
 
 
 def judge_probe(settings) -> str:
@@ -91,9 +92,7 @@ def stats_probe(r: redis_lib.Redis, prefix: str) -> str:
 
 
 def _stats_check(r: redis_lib.Redis, prefix: str) -> dict:
-    out = _probe(lambda: stats_probe(r, prefix))
-    out["warn"] = isinstance(out["detail"], _Warning)
-    return out
+    return _probe(lambda: stats_probe(r, prefix))
 
 
 def check_health(settings, *, timeout: float | None = None) -> dict:
