@@ -315,6 +315,24 @@ class Settings(BaseSettings):
     health_timeout: float = Field(2.0, alias="MAGPIE_HEALTH_TIMEOUT", gt=0, le=60)
     """Seconds each readiness probe (Redis, PostgreSQL, broker) may take."""
 
+    # --- settings: schedule backend (PostgreSQL provider) ---
+
+    # --- settings: operator web dashboard ---
+
+    # --- settings: observability (logs, probes) ---
+
+    # --- settings: operations (interval, demo) ---
+
+    # --- settings: import formats, enrichment, blacklists ---
+
+    # --- settings: judges, profiles, caches, failure tracking ---
+
+    # --- settings: reputation, rollups, instances ---
+
+    # --- settings: rotators ---
+
+    # --- settings: reliability (quarantine) ---
+
     @field_validator("maintenance_cadences")
     @classmethod
     def _cadences(cls, v: str) -> str:

@@ -17,6 +17,11 @@ JOBS: dict[str, Job] = {
         tokens.JOB,
         outbox.JOB,
         rebuild.JOB,
+        # jobs: operations (interval respread)
+        # jobs: judges
+        # jobs: enrichment, blacklists
+        # jobs: reputation, rollups, instances
+        # jobs: rotators
     )
 }
 """Job name -> :class:`Job`. Rollup runs before history retention so counters are taken first."""

@@ -21,6 +21,11 @@ import magpie.alerts.models  # noqa: E402,F401
 import magpie.fencing  # noqa: E402,F401
 import magpie.maintenance.models  # noqa: E402,F401
 import magpie.outbox.models  # noqa: E402,F401
+# models: schedule backend
+# models: judges, profiles, failures
+# models: enrichment, blacklists
+# models: reputation, rollups, instances
+# models: rotators
 
 config = context.config
 target_metadata = Base.metadata

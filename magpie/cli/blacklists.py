@@ -1,0 +1,5 @@
+"""Commands for blacklist sources (magpie blacklists)."""
+
+from __future__ import annotations
+
+COMMANDS: list = []

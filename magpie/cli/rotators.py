@@ -1,0 +1,5 @@
+"""Commands for rotating listeners (magpie rotators, magpie rotator)."""
+
+from __future__ import annotations
+
+COMMANDS: list = []
