@@ -86,7 +86,7 @@ end
 if #hargs > 0 then redis.call('ZADD', K_HEADS, 'LT', unpack(hargs)) end
 if #done > 0 then
   unlease(done)
-  redis.call('HDEL', K_STALLS, unpack(done))
+  clear_stalls(done)
   redis.call('HDEL', K_RETRIES, unpack(done))
 end
 

@@ -44,7 +44,7 @@ local base = math.floor(prev)
 if now > base then base = now end
 redis.call('ZADD', shard, base + tonumber(ARGV[2]), member)
 unlease({ member })
-redis.call('HDEL', K_STALLS, member)
+clear_stalls({ member })
 redis.call('HDEL', K_RETRIES, member)
 lower_head(shard, base + tonumber(ARGV[2]))
 return 1

@@ -41,9 +41,23 @@ local function refresh_head(shard)
   end
 end
 
+-- Stall evidence in K_STALLS, per route: <member> counted stalls, <member>#s the lease score the route
+-- started checking under (written by the checker), <member>#q stalls of started leases since its last
+-- completion (from 2 on the route is in quarantine: checked alone, and its stalls count).
+local function clear_stalls(members)
+  for i = 1, #members, 500 do
+    local f = {}
+    for j = i, math.min(i + 499, #members) do
+      local m = members[j]
+      f[#f + 1] = m; f[#f + 1] = m .. '#s'; f[#f + 1] = m .. '#q'
+    end
+    redis.call('HDEL', K_STALLS, unpack(f))
+  end
+end
+
 -- Per-route side state that goes away with the route.
 local function forget(member, logs_prefix)
-  redis.call('HDEL', K_STALLS, member)
+  clear_stalls({ member })
   redis.call('HDEL', K_RETRIES, member)
   redis.call('HDEL', K_PROGRESS, member)
   redis.call('HDEL', K_DEAD_INFO, member)

@@ -3,10 +3,15 @@
 -- ARGV[1] clock override (0 = server clock), ARGV[2] max routes, ARGV[3] lease ms,
 -- ARGV[4] payload key prefix, ARGV[5] max outstanding leases (0 = no cap), ARGV[6] max stalls.
 -- Returns { now, allowed, paused(0/1), dead_lettered, lease_score, item... }, each item
---   { member, payload, previous_score, shard, stalled + 2 * retry_attempts }; every claim of one call
---   shares the lease score.
--- Re-claiming an expired lease is a stall, counted per route; more than max stalls in a row moves
--- the route to the dead-letter set instead of claiming it.
+--   { member, payload, previous_score, shard, stalled + 2 * alone + 4 * retry_attempts }; every claim
+--   of one call shares the lease score.
+-- Re-claiming an expired lease is a stall. It is evidence against the route only when the route had
+-- started checking under that lease (its #s mark, lib.lua): a lease that never started (prefetched,
+-- queued behind others) counts nothing. The first started stall since the last completion puts the
+-- route under suspicion (#q = 1) and counts nothing either: a crash of its process takes all its
+-- neighbours down with it. From the second on, the route is in quarantine (alone = 1: dispatched
+-- alone, checked alone in its process) and each stall counts; more than max stalls in a row moves it
+-- to the dead-letter set instead of claiming it, with the evidence.
 local now = clock(ARGV[1])
 local want = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
@@ -84,15 +89,26 @@ while got < want and #cursors > 0 do
     local keep = false
     if payload then
       keep = true
-      local stalled, stalls = 0, 0
+      local stalled, stalls, alone, q = 0, 0, 0, 0
       if is_lease(score) then
         stalled = 1
-        stalls = redis.call('HINCRBY', K_STALLS, member, 1)
+        local mark = redis.call('HGET', K_STALLS, member .. '#s')
+        if mark and tonumber(mark) == score then
+          q = redis.call('HINCRBY', K_STALLS, member .. '#q', 1)
+          if q > 1 then stalls = redis.call('HINCRBY', K_STALLS, member, 1) end
+          redis.call('HDEL', K_STALLS, member .. '#s')
+        else
+          q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
+        end
+      else
+        q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
       end
+      if q > 1 then alone = 1 end
       if stalls > max_stalled then
         keep = false
         redis.call('ZADD', K_DEAD, now, member)
-        redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, at = now }))
+        redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, claims = q,
+          alone = true, at = now }))
         dead = dead + 1
         unleased[#unleased + 1] = member
       else
@@ -103,7 +119,7 @@ while got < want and #cursors > 0 do
         leased_args[#leased_args + 1] = member
         local attempts = 0
         if is_retry(score) then attempts = tonumber(redis.call('HGET', K_RETRIES, member) or '0') end
-        out[#out + 1] = { member, payload, fmt(score), shard, stalled + 2 * attempts }
+        out[#out + 1] = { member, payload, fmt(score), shard, stalled + 2 * alone + 4 * attempts }
         got = got + 1
       end
     else

@@ -1,6 +1,6 @@
 -- release.lua: hand leases back unchecked (a worker could not start them in time, or is shutting down).
 -- The route becomes claimable again at once with its previous due time, without counting a stall:
--- the holder is alive and says so. A stale holder's release changes nothing.
+-- the holder is alive and says so. A stale holder's release changes nothing. Suspicion stays.
 -- KEYS: schedule keys, then the shard key of item i at KEYS[8+i].
 -- ARGV[1] clock override, then per item i: ARGV[3i-1] member, ARGV[3i] lease score, ARGV[3i+1] previous
 -- score (before the claim).
@@ -23,4 +23,10 @@ for i = 1, n do
   end
 end
 unlease(done)
+-- the lease never finished checking: its start mark goes; suspicion (#q) stays until a completion
+for i = 1, #done, 1000 do
+  local f = {}
+  for j = i, math.min(i + 999, #done) do f[#f + 1] = done[j] .. '#s' end
+  redis.call('HDEL', K_STALLS, unpack(f))
+end
 return res

@@ -11,7 +11,7 @@ end
 local now = clock(ARGV[1])
 redis.call('ZREM', K_DEAD, member)
 redis.call('HDEL', K_DEAD_INFO, member)
-redis.call('HDEL', K_STALLS, member)
+clear_stalls({ member })
 redis.call('HDEL', K_RETRIES, member)
 redis.call('ZADD', shard, now, member)
 lower_head(shard, now)

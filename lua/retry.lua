@@ -11,6 +11,6 @@ if ok ~= 1 then return ok end
 local due = clock(ARGV[1]) + tonumber(ARGV[4])
 redis.call('ZADD', shard, fmt(math.floor(due) - 0.75), ARGV[2])
 unlease({ ARGV[2] })
-redis.call('HDEL', K_STALLS, ARGV[2])  -- the holder came back: not a stall
+clear_stalls({ ARGV[2] })  -- the holder came back: not a stall
 lower_head(shard, fmt(math.floor(due) - 0.75))
 return redis.call('HINCRBY', K_RETRIES, ARGV[2], 1)

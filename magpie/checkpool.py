@@ -11,6 +11,10 @@ on one event loop). The pool's own coroutines then keep the leases moving:
 - **renewal** once a second: leases with less than ``renew_below_ms`` left are renewed in one pipelined
   round trip; a refused renewal (the lease was lost) cancels the check in flight at once, and a lease past
   its expiry is cancelled too;
+- **start marks and quarantine**: admitted leases are marked as started (one ``HSET`` per message,
+  :meth:`RouteQueue.mark_started`), so that only a lease that started checking is evidence against its
+  route if it expires; a route in quarantine (:attr:`Lease.alone`) is checked alone, one at a time per
+  process, and marked right before its check starts, so that a crash during it is its own;
 - **hand-back**: a lease that could not start before ``expiry - max_check_seconds`` is released unchecked
   (``release.lua``), claimable again at once, with no stall counted;
 - **capacity heartbeat**: the engine's slots are announced to :class:`magpie.queue.capacity.CapacityRegistry`
@@ -157,6 +161,8 @@ class CheckPool:
         # last guard over a whole check: the engine's own deadlines plus room for a loaded event loop
         self._guard_s = engine.max_check_seconds * 1.25 + 5.0
         self._pending: deque[Lease] = deque()
+        self._alone: deque[Lease] = deque()  # quarantined leases, checked one at a time
+        self._alone_busy = False
         self._running: dict[int, _Running] = {}
         self._done: list[tuple[Lease, Payload, CheckResult]] = []
         self._retry: list[Lease] = []
@@ -207,7 +213,9 @@ class CheckPool:
         for svc in self._services:
             svc.cancel()
         self._handback.extend(self._pending)
+        self._handback.extend(self._alone)
         self._pending.clear()
+        self._alone.clear()
         tasks = [r.task for r in self._running.values() if r.task is not None]
         for t in tasks:
             t.cancel()
@@ -248,7 +256,14 @@ class CheckPool:
         if self._closing:
             self._handback.extend(leases)
             return 0
-        self._pending.extend(leases)
+        regular = [le for le in leases if not le.alone]
+        if regular:
+            try:
+                await self._in_io(self.queue.mark_started, regular)
+            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
+                log.warning("could not record that %d leases started (Redis unavailable?)", len(regular))
+        self._pending.extend(regular)
+        self._alone.extend(le for le in leases if le.alone)
         self._idle.clear()
         self._fill()
         return len(leases)
@@ -264,16 +279,31 @@ class CheckPool:
             slot = _Running(le)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
+        while self._alone and not self._alone_busy and len(self._running) < self.capacity \
+                and not self._closing:
+            le = self._alone.popleft()
+            if le.remaining_ms() < self._start_margin_ms:
+                self._handback.append(le)
+                continue
+            self._alone_busy = True
+            slot = _Running(le)
+            self._running[id(le)] = slot
+            slot.task = loop.create_task(self._run(slot))
         if len(self._running) > self.peak_running:
             self.peak_running = len(self._running)
         if self._room is not None and len(self._pending) < self.backlog:
             self._room.set()
-        if not self._pending and not self._running and self._idle is not None:
+        if not self._pending and not self._alone and not self._running and self._idle is not None:
             self._idle.set()
 
     async def _run(self, slot: _Running) -> None:
         le = slot.lease
         try:
+            if le.alone:
+                try:
+                    await self._in_io(self.queue.mark_started, [le])
+                except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
+                    log.warning("could not record the start of quarantined route %s", le.member)
             try:
                 payload = Payload.decode(le.payload, self.payload_cipher)
             except PayloadError as exc:
@@ -301,6 +331,8 @@ class CheckPool:
                 self._done.append((le, payload, res))
         finally:
             self._running.pop(id(le), None)
+            if le.alone:
+                self._alone_busy = False
             if not self._closing:
                 self._fill()
 
@@ -416,7 +448,8 @@ class CheckPool:
     # -- reads --------------------------------------------------------------------------------------
     def stats(self) -> PoolStats:
         """A snapshot (see :class:`PoolStats`); safe from any thread."""
-        return PoolStats(self.capacity, len(self._running), len(self._pending), self.peak_running, self.totals)
+        return PoolStats(self.capacity, len(self._running), len(self._pending) + len(self._alone),
+                         self.peak_running, self.totals)
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Block until nothing is pending or running and every result was flushed; False on timeout."""
@@ -424,7 +457,8 @@ class CheckPool:
             return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self._pending and not self._running and not self._done and not self._retry \
+            if not self._pending and not self._alone and not self._running and not self._done \
+                    and not self._retry \
                     and not self._handback:
                 self._loop.run(self._flush())
                 return True

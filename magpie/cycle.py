@@ -17,7 +17,8 @@ from magpie.queue import RouteQueue
 
 def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget: int, max_inflight: int,
             pop_batch: int = 64, routes_per_task: int = 250, capacity: int | None = None) -> int:
-    """Claim due routes and dispatch them, ``routes_per_task`` leases per message.
+    """Claim due routes and dispatch them, ``routes_per_task`` leases per message; a lease of a route in
+    quarantine (:attr:`Lease.alone`) goes in a message of its own.
 
     Args:
         dispatch: called with a list of :meth:`Lease.to_dict` dicts (one check-task message; the
@@ -44,7 +45,11 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
             if not leases:
                 break
             claimed += len(leases)
-            batch.extend(le.to_dict() for le in leases)
+            for le in leases:
+                if le.alone:
+                    dispatch([le.to_dict()])
+                else:
+                    batch.append(le.to_dict())
             while len(batch) >= routes_per_task:
                 dispatch(batch[:routes_per_task])
                 del batch[:routes_per_task]

@@ -20,6 +20,9 @@ class Lease:
         stalled: True when this claim re-took an expired lease (the previous holder vanished).
         retry_attempts: backoff retries already made for this route (0 for an ordinary cycle).
         server_offset_ms: Redis server clock minus this process's clock at claim time (ms).
+        alone: True when the route is in quarantine (it stalled twice since its last completion): it is
+            dispatched in a message of its own and checked alone in its process, so that a stall of
+            this lease is its own (the dead-letter rule in ``docs/design.md``).
     The cancellation token (:meth:`cancel`, :attr:`cancelled`) is process-local and not serialised.
     """
 
@@ -31,6 +34,7 @@ class Lease:
     stalled: bool = False
     retry_attempts: int = 0
     server_offset_ms: float = 0.0
+    alone: bool = False
     _token: threading.Event | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -62,7 +66,8 @@ class Lease:
         """JSON-safe dict for a Celery message (without the cancellation token)."""
         return {"member": self.member, "payload": self.payload, "previous_score": self.previous_score,
                 "lease_score": self.lease_score, "shard": self.shard, "stalled": self.stalled,
-                "retry_attempts": self.retry_attempts, "server_offset_ms": self.server_offset_ms}
+                "retry_attempts": self.retry_attempts, "server_offset_ms": self.server_offset_ms,
+                "alone": self.alone}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Lease":

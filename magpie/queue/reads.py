@@ -22,14 +22,16 @@ def server_time_ms(client: redis.Redis) -> int:
 
 
 def dead_letters(client: redis.Redis, keys: QueueKeys, limit: int = 100) -> list[dict]:
-    """Dead-lettered routes, oldest first: ``[{"member", "dead_at_ms", "reason", "stalls"}]``."""
+    """Dead-lettered routes, oldest first: ``[{"member", "dead_at_ms", "reason", "stalls", "claims",
+    "alone"}]``: the evidence of a stall dead-letter is the counted stalls, the stalled claims of started
+    leases since the last completion, and whether the route was checked alone (quarantine)."""
     rows = client.zrange(keys.dead, 0, limit - 1, withscores=True)
     infos = client.hmget(keys.dead_info, [m for m, _ in rows]) if rows else []
     out = []
     for (m, sc), info in zip(rows, infos):
         d = json.loads(info) if info else {}
         out.append({"member": text(m), "dead_at_ms": int(sc), "reason": d.get("reason"),
-                    "stalls": d.get("stalls")})
+                    "stalls": d.get("stalls"), "claims": d.get("claims"), "alone": d.get("alone")})
     return out
 
 

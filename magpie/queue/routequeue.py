@@ -106,9 +106,20 @@ class RouteQueue:
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
         lease_s = _s(raw[4])
         if raw[5:] and isinstance(raw[5][0], bytes):
-            return [Lease(m.decode(), p.decode(), prev.decode(), lease_s, shard.decode(), bool(f & 1), f >> 1,
-                          offset) for m, p, prev, shard, f in raw[5:]]
-        return [Lease(m, p, prev, lease_s, shard, bool(f & 1), f >> 1, offset) for m, p, prev, shard, f in raw[5:]]
+            return [Lease(m.decode(), p.decode(), prev.decode(), lease_s, shard.decode(), bool(f & 1), f >> 2,
+                          offset, bool(f & 2)) for m, p, prev, shard, f in raw[5:]]
+        return [Lease(m, p, prev, lease_s, shard, bool(f & 1), f >> 2, offset, bool(f & 2))
+                for m, p, prev, shard, f in raw[5:]]
+
+    def mark_started(self, leases: Sequence[Lease]) -> None:
+        """Record that ``leases`` started checking (one ``HSET`` of ``<member>#s`` -> lease score).
+
+        Only a lease with this mark counts as evidence against its route when it expires (``pop.lua``);
+        a completion, release or retry clears it. Marking a lost lease is harmless: ``pop.lua`` compares
+        the mark with the expired lease's score. Raises redis errors only.
+        """
+        if leases:
+            self.r.hset(self.keys.stalls, mapping={f"{le.member}#s": le.lease_score for le in leases})
 
     def _fenced(self, lease: Lease, res):
         if is_refusal(res):

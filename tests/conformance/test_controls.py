@@ -111,17 +111,20 @@ def test_route_left_without_workspace_is_removed(cq, clock):
 def test_route_stalled_more_than_max_is_dead_lettered(make_queue, clock):
     q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
     h, p = item(1)
-    claimed(q, clock, (h, p))
-    for expected_stalls in (1, 2, 3):  # the 1st..3rd reclaim is allowed
+    q.mark_started(claimed(q, clock, (h, p)))
+    # the first started stall only puts the route under suspicion; from the second on it is alone
+    for expected_stalls, alone in ((0, False), (1, True), (2, True), (3, True)):
         clock.advance(1001)
         le = q.pop(1)
-        assert [x.member for x in le] == [h] and le[0].stalled
+        assert [x.member for x in le] == [h] and le[0].stalled and le[0].alone is alone
         assert q.inspect(h)["stalls"] == expected_stalls
+        q.mark_started(le)
     clock.advance(1001)
-    assert q.pop(1) == []  # the 4th reclaim (> 3) dead-letters instead
+    assert q.pop(1) == []  # the 4th counted stall (> 3) dead-letters instead
     assert q.last_pop["dead_lettered"] == 1
     dead = q.dead_letters()
-    assert dead == [{"member": h, "dead_at_ms": clock.now, "reason": "stalled", "stalls": 4}]
+    assert dead == [{"member": h, "dead_at_ms": clock.now, "reason": "stalled", "stalls": 4, "claims": 5,
+                     "alone": True}]
     info = q.inspect(h)
     assert info["state"] == "dead" and info["payload"] == p
     clock.advance(10**9)
@@ -137,25 +140,36 @@ def test_route_stalled_more_than_max_is_dead_lettered(make_queue, clock):
 def test_completed_check_resets_stall_count(make_queue, clock):
     q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
     h, p = item(1)
-    claimed(q, clock, (h, p))
-    clock.advance(1001)
-    le = q.pop(1)[0]
-    assert q.inspect(h)["stalls"] == 1
+    q.mark_started(claimed(q, clock, (h, p)))
+    for _ in range(2):
+        clock.advance(1001)
+        le = q.pop(1)[0]
+        q.mark_started([le])
+    assert q.inspect(h)["stalls"] == 1 and le.alone
     q.complete_one(le)
     assert q.inspect(h)["stalls"] == 0
     clock.advance(60_001)
-    q.pop(1)
-    clock.advance(1001)
-    assert [x.member for x in q.pop(1)] == [h]  # one stall again is within the bound
+    le = q.pop(1)[0]
+    assert not le.alone  # a completion ends the quarantine
+    q.mark_started([le])
+    for _ in range(2):
+        clock.advance(1001)
+        le = q.pop(1)
+        assert [x.member for x in le] == [h]  # one counted stall again is within the bound
+        q.mark_started(le)
 
 
 def test_stall_count_is_keyed_on_the_route_not_the_task(make_queue, clock):
     q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
     a, b = item(1), item(2)
-    claimed(q, clock, a, b)
+    q.mark_started(claimed(q, clock, a, b))
     clock.advance(1001)
     got = q.pop(1)  # only route a (earlier) is re-claimed
     assert [x.member for x in got] == [a[0]]
+    q.mark_started(got)
+    clock.advance(1001)
+    got = q.pop(2)  # b's first stall (suspicion only), a's second (counted)
+    assert sorted(x.member for x in got) == [a[0], b[0]]
     assert q.inspect(a[0])["stalls"] == 1 and q.inspect(b[0])["stalls"] == 0
 
 

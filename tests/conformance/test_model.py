@@ -30,6 +30,8 @@ class Model:
         self.ws: dict[str, set[int]] = {}
         self.dead: dict[str, int] = {}
         self.stalls: dict[str, int] = {}
+        self.suspect: dict[str, int] = {}  # started stalls since the last completion
+        self.started: dict[str, float] = {}  # start marks: member -> lease score
         self.retries: dict[str, int] = {}
         self.paused = False
 
@@ -64,16 +66,22 @@ class Model:
                 break
             prev = self.score[m]
             stalled = prev % 1 == 0.5
-            if stalled:
-                self.stalls[m] = self.stalls.get(m, 0) + 1
-                if self.stalls[m] > self.max_stalled:
+            if stalled and self.started.pop(m, None) == prev:
+                self.suspect[m] = self.suspect.get(m, 0) + 1
+                if self.suspect[m] > 1:
+                    self.stalls[m] = self.stalls.get(m, 0) + 1
+                if self.stalls.get(m, 0) > self.max_stalled:
                     del self.score[m]
                     self.dead[m] = self.now
                     continue
             attempts = self.retries.get(m, 0) if prev % 1 == 0.25 else 0
             self.score[m] = self.now + self.lease + 0.5
-            got.append((m, prev, stalled, attempts))
+            got.append((m, prev, stalled, attempts, self.suspect.get(m, 0) > 1))
         return got
+
+    def clear_stalls(self, m):
+        for d in (self.stalls, self.suspect, self.started):
+            d.pop(m, None)
 
     def fence(self, lease):
         if lease.member not in self.score:
@@ -81,13 +89,13 @@ class Model:
         return 1 if self.score[lease.member] == float(lease.lease_score) else Refusal.LEASE_LOST
 
     def forget(self, m):
-        for d in (self.score, self.ws, self.dead, self.stalls, self.retries):
+        for d in (self.score, self.ws, self.dead, self.stalls, self.retries, self.suspect, self.started):
             d.pop(m, None)
 
     def complete(self, lease, new_ws=None):
         m, prev = lease.member, float(lease.previous_score)
         self.score[m] = max(math.floor(prev), self.now) + self.interval
-        self.stalls.pop(m, None)  # a completed cycle ends "in a row"
+        self.clear_stalls(m)  # a completed cycle ends "in a row"
         self.retries.pop(m, None)
 
 
@@ -128,10 +136,15 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
             n = rnd.randint(1, 5)
             got = q.pop(n)
             want = model.pop(n)
-            assert [(le.member, float(le.previous_score), le.stalled, le.retry_attempts) for le in got] == want, (
+            assert [(le.member, float(le.previous_score), le.stalled, le.retry_attempts, le.alone)
+                    for le in got] == want, (
                 step, [(le.member, le.previous_score, le.shard) for le in got], [(m, model.shard(m)) for m, *_ in want])
             for le in got:
                 assert float(le.lease_score) == model.score[le.member]
+            started = [le for le in got if rnd.random() < 0.8]  # some leases never start
+            q.mark_started(started)
+            for le in started:
+                model.started[le.member] = float(le.lease_score)
             held.extend(got)
         elif op == "tick":
             ms = rnd.choice([rnd.randint(0, 300), lease_ms + 1, rnd.randint(1000, interval)])
@@ -158,7 +171,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                 m = rnd.choice(sorted(model.dead))
                 assert q.reprocess(m) == model.now
                 del model.dead[m]
-                model.stalls.pop(m, None)
+                model.clear_stalls(m)
                 model.retries.pop(m, None)
                 model.score[m] = model.now
         elif held:
@@ -166,6 +179,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
             if op == "renew":
                 def ok(res, le=le):
                     model.score[le.member] = model.now + lease_ms + 0.5
+                    model.started[le.member] = model.score[le.member]
                 fenced(le, lambda: q.renew(le), ok)
             elif op == "complete":
                 fenced(le, lambda: q.complete_one(le), lambda _r: model.complete(le))
@@ -175,7 +189,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                 def ok(res, le=le, delay=delay):
                     model.score[le.member] = math.floor(model.now + delay) - 0.75
                     model.retries[le.member] = model.retries.get(le.member, 0) + 1
-                    model.stalls.pop(le.member, None)
+                    model.clear_stalls(le.member)
                     assert res == model.retries[le.member]
                 fenced(le, lambda: q.retry(le, delay), ok)
             elif op == "remove":

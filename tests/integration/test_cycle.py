@@ -456,3 +456,45 @@ def test_thousands_of_leases_are_handed_back_in_one_call(q):
     assert len(leases) == 9000
     assert q.release(leases) == [1] * 9000
     assert q.status()["totals"]["leased"] == 0
+
+
+# -- quarantine ------------------------------------------------------------------------------------------
+def test_admitted_leases_are_marked_as_started(q):
+    seed(q, [400] * 3)
+    pool = make_pool(q, FakeEngine(), Published(q))
+    try:
+        leases = q.pop(3)
+        pool.submit(leases)
+        marks = q.r.hmget(q.keys.stalls, [f"{le.member}#s" for le in leases])
+        assert [m.decode() for m in marks] == [le.lease_score for le in leases]
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert q.r.hlen(q.keys.stalls) == 0  # completion clears the marks
+
+
+def test_quarantined_leases_are_checked_one_at_a_time_beside_the_others(q):
+    seed(q, [150] * 4 + [150] * 6)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q))
+    try:
+        leases = q.pop(10)
+        for le in leases[:4]:
+            le.alone = True
+        pool.submit(leases)
+        time.sleep(0.05)
+        assert engine.running == 6 + 1  # the six ordinary ones and one quarantined route
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert pool.totals.completed == 10
+
+
+def test_promote_sends_each_quarantined_lease_in_a_message_of_its_own(q):
+    items = seed(q, [10] * 6)
+    for h, _ in items[:2]:
+        q.r.hset(q.keys.stalls, f"{h}#q", 2)  # two started stalls since the last completion
+    messages = []
+    assert promote(q, messages.append, budget=100, max_inflight=100, routes_per_task=10) == 6
+    alone = [m for m in messages if any(d["alone"] for d in m)]
+    assert sorted(len(m) for m in messages) == [1, 1, 4] and len(alone) == 2

@@ -1,0 +1,105 @@
+"""The dead-letter rule: a route is dead-lettered only for stalls its own check caused.
+
+A lease that never started checking counts nothing when it expires; a route's first started stall
+only puts it under suspicion (its process may have died for a neighbour); from its second it is in
+quarantine (``alone``: dispatched and checked alone) and each stall counts toward ``max_stalled``.
+"""
+
+from __future__ import annotations
+
+from magpie.queue import Payload
+from magpie.routes import Route
+
+
+def item(i: int) -> tuple[str, str]:
+    h = f"{i:024x}"
+    return h, Payload(i, Route("http", "127.0.0.1", 10000 + i), h, [1]).encode()
+
+
+def due_batch(q, clock, n):
+    items = [item(i) for i in range(1, n + 1)]
+    q.schedule(items)
+    for h, _ in items:
+        q.force_due(h, clock.now - 1)
+    return [h for h, _ in items], q.pop(n)
+
+
+def expire(q, clock, n):
+    clock.advance(q.lease_ms + 1)
+    return q.pop(n)
+
+
+def test_leases_that_never_started_expire_without_any_evidence(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
+    members, got = due_batch(q, clock, 5)
+    for _ in range(10):  # a worker that dies before starting, again and again (prefetched messages)
+        got = expire(q, clock, 5)
+        assert sorted(le.member for le in got) == members
+        assert all(le.stalled and not le.alone for le in got)
+    assert q.dead_letters() == [] and all(q.inspect(m)["stalls"] == 0 for m in members)
+
+
+def test_neighbours_of_a_crash_are_suspected_but_never_counted_unless_they_crash_alone(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    members, got = due_batch(q, clock, 6)
+    poison = members[0]
+    q.mark_started(got)
+    claims = {m: 1 for m in members}
+    for _ in range(10):  # the poison's process dies every time it runs; neighbours complete
+        got = expire(q, clock, 6)
+        for le in got:
+            claims[le.member] += 1
+            if le.member == poison:
+                q.mark_started([le])
+            else:
+                assert not le.alone  # first stall: suspicion only
+                q.mark_started([le])
+                q.complete_one(le)
+        if poison in {d["member"] for d in q.dead_letters()}:
+            break
+    [dead] = q.dead_letters()
+    assert dead["member"] == poison and dead["alone"] is True and dead["stalls"] == 4
+    assert claims[poison] == 3 + 1 + 1  # max_stalled + 1 claims in quarantine, after the suspect claim
+    assert all(q.inspect(m)["stalls"] == 0 and q.inspect(m)["state"] != "dead" for m in members[1:])
+
+
+def test_a_suspect_neighbour_that_completes_alone_leaves_quarantine(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
+    [h], got = due_batch(q, clock, 1)
+    q.mark_started(got)
+    [le] = expire(q, clock, 1)
+    q.mark_started([le])
+    [le] = expire(q, clock, 1)  # second started stall: alone now, and counted
+    assert le.alone and q.inspect(h)["stalls"] == 1
+    q.complete_one(le)
+    assert q.inspect(h)["stalls"] == 0
+    clock.advance(q.interval_ms + 1)
+    [le] = q.pop(1)
+    assert not le.alone and not le.stalled
+
+
+def test_release_forgets_the_start_but_keeps_the_suspicion(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    [h], got = due_batch(q, clock, 1)
+    q.mark_started(got)
+    [le] = expire(q, clock, 1)  # suspect now
+    q.mark_started([le])
+    [le] = expire(q, clock, 1)
+    assert le.alone
+    assert q.release([le]) == [1]  # handed back unchecked: no evidence from this lease
+    [le] = q.pop(1)
+    assert le.alone and not le.stalled  # still in quarantine
+    [le] = expire(q, clock, 1)  # expired without a start mark: not counted
+    assert q.inspect(h)["stalls"] == 1 and le.alone
+
+
+def test_a_renewal_moves_the_start_mark_to_the_new_lease(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    [h], [le] = due_batch(q, clock, 1)
+    q.mark_started([le])
+    clock.advance(500)
+    q.renew(le)
+    [le2] = expire(q, clock, 1)  # the renewed lease expired: evidence (suspicion)
+    q.mark_started([le2])
+    [le3] = expire(q, clock, 1)
+    assert le3.alone and q.inspect(h)["stalls"] == 1
