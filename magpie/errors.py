@@ -38,6 +38,12 @@ class Refusal(enum.IntEnum):
     """The operation needs a paused queue."""
     LAYOUT_MISMATCH = -10
     """``PROXY_QUEUE_SHARDS`` differs from the shard count the stored schedule was built with."""
+    PORT_TAKEN = -11
+    """The requested port is used by another rotator (or outside ``MAGPIE_ROTATOR_PORTS``)."""
+    RANGE_EXHAUSTED = -12
+    """Every port of ``MAGPIE_ROTATOR_PORTS`` already belongs to a rotator."""
+    NO_SUCH_WORKSPACE = -13
+    """The named workspace does not exist."""
 
     @property
     def label(self) -> str:

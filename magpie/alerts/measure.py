@@ -12,6 +12,7 @@ skip rules that changed in between.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.alerts.streaks import Measurement
+from magpie.rotator.pool import filter_sql
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,15 @@ class RuleSnapshot:
     freshness_s: int | None
     revision: int
     generation: int
+    rotator_filters: str | None = None
+    """Canonical JSON of the rotator's filters for a rotator-scoped rule (None: workspace-wide)."""
+
+    def history_protocols(self) -> tuple[str, ...] | None:
+        """Protocols whose check history the rule reads: its own, else its rotator's upstream protocols."""
+        if self.protocols or not self.rotator_filters:
+            return self.protocols
+        protos = json.loads(self.rotator_filters).get("protocols")
+        return tuple(sorted(protos)) if protos else None
 
 
 @dataclass(slots=True)
@@ -81,14 +92,18 @@ def _timeout(conn: sa.Connection, ms: int) -> None:
 
 
 def _measure_usable(engine, ws_id, rules, now, settings) -> dict[int, Measurement]:
-    scopes = sorted({(r.protocols, r.freshness_s or settings.alert_freshness_seconds) for r in rules},
-                    key=repr)
+    scopes = sorted({(r.protocols, r.freshness_s or settings.alert_freshness_seconds, r.rotator_filters)
+                     for r in rules}, key=repr)
     found: dict[tuple, tuple[int, int]] = {}
     for chunk in _chunks(scopes, SCOPE_CHUNK):
         params: dict = {"w": ws_id, "now": now}
         cols = []
-        for i, (protos, fresh) in enumerate(chunk):
+        for i, (protos, fresh, pool_filters) in enumerate(chunk):
             scope = _scope_sql(protos, f"p{i}", params)
+            if pool_filters:
+                extra, fparams = filter_sql(json.loads(pool_filters), key=f"f{i}_")
+                scope += extra
+                params.update(fparams)
             params[f"cut{i}"] = now - timedelta(seconds=fresh)
             fresh_sql = f"{scope} AND h.last_checked_at > :cut{i} AND h.last_checked_at <= :now"
             cols.append(f"count(*) FILTER (WHERE {fresh_sql}) AS c{i}, "
@@ -102,7 +117,7 @@ def _measure_usable(engine, ws_id, rules, now, settings) -> dict[int, Measuremen
             found[sc] = (int(row[2 * i]), int(row[2 * i + 1]))
     out = {}
     for r in rules:
-        checked, usable = found[(r.protocols, r.freshness_s or settings.alert_freshness_seconds)]
+        checked, usable = found[(r.protocols, r.freshness_s or settings.alert_freshness_seconds, r.rotator_filters)]
         if checked < r.min_samples:
             out[r.id] = Measurement("unknown", float(usable) if checked else None, checked,
                                     f"{checked} freshly checked routes < min_samples {r.min_samples}")
@@ -112,7 +127,7 @@ def _measure_usable(engine, ws_id, rules, now, settings) -> dict[int, Measuremen
 
 
 def _measure_history(engine, ws_id, rules, now, settings) -> dict[int, Measurement]:
-    scopes = sorted({r.protocols for r in rules}, key=repr)
+    scopes = sorted({r.history_protocols() for r in rules}, key=repr)
     found: dict = {}
     since = now - timedelta(seconds=settings.alert_window_seconds)
     for chunk in _chunks(scopes, SCOPE_CHUNK):
@@ -139,7 +154,7 @@ def _measure_history(engine, ws_id, rules, now, settings) -> dict[int, Measureme
             found[sc] = (int(n), int(alive), int(nlat), p50, p95)
     out = {}
     for r in rules:
-        n, alive, nlat, p50, p95 = found[r.protocols]
+        n, alive, nlat, p50, p95 = found[r.history_protocols()]
         if r.kind == "success_rate":
             rate = 100.0 * alive / n if n else None
             if n < r.min_samples:
@@ -159,10 +174,11 @@ def _measure_history(engine, ws_id, rules, now, settings) -> dict[int, Measureme
 
 _RULES_SQL = """
     SELECT r.id, r.workspace_id, w.name AS workspace, r.name, r.kind, r.threshold, r.percentile, r.protocols,
-           r.min_samples, r.freshness_s, r.revision, s.generation
+           r.min_samples, r.freshness_s, r.revision, s.generation, r.rotator_id, ro.filters AS rotator_filters
     FROM alert_rules r
     JOIN alert_rule_state s ON s.rule_id = r.id
     JOIN workspaces w ON w.id = r.workspace_id
+    LEFT JOIN rotators ro ON ro.id = r.rotator_id
     WHERE r.workspace_id = :w AND r.enabled
     ORDER BY r.id
 """
@@ -190,7 +206,8 @@ def measure_workspace(engine: Engine, workspace_id: int, settings, *,
     rules = [
         RuleSnapshot(r["id"], r["workspace_id"], r["name"], r["kind"], float(r["threshold"]), r["percentile"],
                      tuple(r["protocols"]) if r["protocols"] else None, r["min_samples"], r["freshness_s"],
-                     r["revision"], r["generation"])
+                     r["revision"], r["generation"],
+                     json.dumps(r["rotator_filters"] or {}, sort_keys=True) if r["rotator_id"] else None)
         for r in rows
     ]
     ws_name = rows[0]["workspace"] if rows else ""

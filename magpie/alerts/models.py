@@ -20,6 +20,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from magpie.claims.models import ClaimableRow
 from magpie.db.models import Base
+from magpie.rotator import models as _rotator_models  # noqa: F401 - the table rotator_id refers to
 
 _now = sa.text("now()")
 TSTZ = sa.DateTime(timezone=True)
@@ -31,7 +32,8 @@ class AlertRule(Base):
     ``kind``: ``usable_routes`` (breach when usable routes < ``threshold``), ``success_rate`` (breach when
     the success percentage over the window < ``threshold``) or ``latency`` (breach when the ``percentile``
     (50 or 95) of alive-check latency in ms over the window > ``threshold``). ``protocols`` (``None`` = all)
-    narrows the routes considered; ``min_samples`` is the fewest observations that give a verdict;
+    narrows the routes considered; ``rotator_id`` scopes the rule to a rotator (usable routes of its
+    eligible pool; history of its upstream protocols); ``min_samples`` is the fewest observations that give a verdict;
     ``freshness_s`` (usable rules; ``None`` = the setting) is how recent a check must be to count.
     """
 
@@ -46,6 +48,7 @@ class AlertRule(Base):
         sa.CheckConstraint("min_samples >= 1", name="min_samples"),
         sa.CheckConstraint("freshness_s IS NULL OR freshness_s > 0", name="freshness"),
         sa.Index("ix_alert_rules_workspace_id", "workspace_id"),
+        sa.Index("ix_alert_rules_rotator_id", "rotator_id"),
     )
 
     id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(), primary_key=True)
@@ -58,6 +61,9 @@ class AlertRule(Base):
     percentile: Mapped[int | None] = mapped_column(sa.SmallInteger, nullable=True)
     protocols: Mapped[list[str] | None] = mapped_column(pg.ARRAY(sa.Text), nullable=True)
     min_samples: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="1")
+    rotator_id: Mapped[int | None] = mapped_column(
+        sa.Integer, sa.ForeignKey("rotators.id", ondelete="CASCADE"), nullable=True
+    )
     freshness_s: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     enabled: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, server_default=sa.true())
     revision: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="1")

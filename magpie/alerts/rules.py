@@ -10,6 +10,12 @@ Rule kinds (``threshold`` units in brackets):
 * ``latency`` - breach when the ``percentile`` (50 or 95) of the latency [ms] of alive checks in that
   window is above ``threshold``. Samples = alive checks with a latency.
 
+A rule may be scoped to a **rotator** of the workspace (``rotator``): ``usable_routes`` then counts the
+routes of the rotator's eligible pool (its filters applied to fresh, alive routes), and ``success_rate``
+and ``latency`` read the workspace's check history of the rotator's upstream protocols (its
+``protocols`` filter; all when it has none): checker measurements, not client traffic, and not only the
+routes that pass its other filters right now.
+
 ``protocols`` (subset of http/https/socks4/socks5, ``None`` = all) narrows the routes; with fewer than
 ``min_samples`` samples the rule's verdict is Unknown. Every change (edit, enable, disable) increments
 ``revision``, so an evaluation computed against the old revision is discarded (see
@@ -33,9 +39,11 @@ DEFAULT_MIN_SAMPLES = {"usable_routes": 1, "success_rate": 10, "latency": 10}
 _UNSET = object()
 
 
-def describe_rule(kind: str, threshold: float, percentile: int | None, protocols) -> str:
+def describe_rule(kind: str, threshold: float, percentile: int | None, protocols, rotator: str | None = None) -> str:
     """One-line description of a rule's breach condition, e.g. ``success rate < 90% (http,socks5)``."""
     scope = f" ({','.join(protocols)})" if protocols else ""
+    if rotator:
+        scope += f" [rotator {rotator}]"
     t = f"{threshold:g}"
     if kind == "usable_routes":
         return f"usable routes < {t}{scope}"
@@ -75,10 +83,11 @@ class Rule:
     last_value: float | None = None
     last_reason: str | None = None
     last_evaluated_at: datetime | None = None
+    rotator: str | None = None
 
     def describe(self) -> str:
         """One-line human description, e.g. ``p95 latency > 800 ms (socks5)``."""
-        return describe_rule(self.kind, self.threshold, self.percentile, self.protocols)
+        return describe_rule(self.kind, self.threshold, self.percentile, self.protocols, self.rotator)
 
     def as_json(self) -> dict:
         """All fields plus ``description`` as a JSON-ready dict (datetimes left to the encoder)."""
@@ -90,9 +99,11 @@ class Rule:
 _SELECT = """
     SELECT r.id, r.workspace_id, w.name AS workspace, r.name, r.kind, r.threshold, r.percentile, r.protocols,
            r.min_samples, r.freshness_s, r.enabled, r.revision, r.created_at, r.updated_at,
-           COALESCE(s.status, 'ok') AS status, s.last_outcome, s.last_value, s.last_reason, s.last_evaluated_at
+           COALESCE(s.status, 'ok') AS status, s.last_outcome, s.last_value, s.last_reason, s.last_evaluated_at,
+           ro.name AS rotator
     FROM alert_rules r JOIN workspaces w ON w.id = r.workspace_id
     LEFT JOIN alert_rule_state s ON s.rule_id = r.id
+    LEFT JOIN rotators ro ON ro.id = r.rotator_id
 """
 
 
@@ -154,6 +165,7 @@ def create_rule(
     min_samples: int | None = None,
     freshness_s: int | None = None,
     enabled: bool = True,
+    rotator: str | None = None,
 ) -> Rule:
     """Create a rule (revision 1) and its evaluation state, in one transaction.
 
@@ -165,6 +177,7 @@ def create_rule(
             defaults to 95 for latency rules.
         min_samples: fewest samples for a verdict (default 1 for usable_routes, 10 otherwise).
         enabled: evaluate it from the next minute.
+        rotator: scope the rule to this rotator of the workspace (module doc).
     Returns:
         The new :class:`Rule`.
     Raises:
@@ -176,18 +189,24 @@ def create_rule(
         raise ValueError("rule name must not be empty")
     with engine.begin() as conn:
         ws = workspace_id(conn, workspace)
+        rotator_id = None
+        if rotator is not None:
+            rotator_id = conn.execute(sa.text("SELECT id FROM rotators WHERE name = :n AND workspace_id = :w"),
+                                      {"n": rotator, "w": ws}).scalar()
+            if rotator_id is None:
+                raise LookupError(f"no rotator {rotator!r} in workspace {workspace!r}")
         try:
             with conn.begin_nested():
                 rid = conn.execute(
                     sa.text(
                         """
                         INSERT INTO alert_rules (workspace_id, name, kind, threshold, percentile, protocols,
-                                                 min_samples, freshness_s, enabled)
-                        VALUES (:w, :n, :k, :t, :p, :pr, :m, :f, :e) RETURNING id
+                                                 min_samples, freshness_s, enabled, rotator_id)
+                        VALUES (:w, :n, :k, :t, :p, :pr, :m, :f, :e, :ro) RETURNING id
                         """
                     ),
                     {"w": ws, "n": name.strip(), "k": kind, "t": threshold, "p": percentile, "pr": protocols,
-                     "m": int(min_samples or DEFAULT_MIN_SAMPLES[kind]), "f": freshness_s, "e": bool(enabled)},
+                     "m": int(min_samples or DEFAULT_MIN_SAMPLES[kind]), "f": freshness_s, "e": bool(enabled), "ro": rotator_id},
                 ).scalar_one()
         except sa.exc.IntegrityError:
             raise ValueError(f"workspace {workspace!r} already has a rule named {name!r}") from None

@@ -63,17 +63,18 @@ _PROTO = click.Choice(["http", "https", "socks4", "socks5"])
 @click.option("--min-samples", type=int, default=None)
 @click.option("--freshness", type=int, default=None, help="usable_routes: seconds a check stays fresh.")
 @click.option("--disabled", is_flag=True)
+@click.option("--rotator", default=None, help="Scope the rule to this rotator of the workspace.")
 @json_option
 @pass_state
 def rules_create(state: CliState, workspace, name, kind, threshold, percentile, protocols, min_samples,
-                 freshness, disabled, as_json) -> None:
-    """Create rule NAME in a workspace."""
+                 freshness, disabled, rotator, as_json) -> None:
+    """Create rule NAME in a workspace (with --rotator: scoped to one of its rotators)."""
     from magpie.alerts.rules import create_rule
 
     with user_errors(ValueError, LookupError):
         r = create_rule(state.engine, workspace, name, kind, threshold,
                         percentile=int(percentile) if percentile else None, protocols=list(protocols) or None,
-                        min_samples=min_samples, freshness_s=freshness, enabled=not disabled)
+                        min_samples=min_samples, freshness_s=freshness, enabled=not disabled, rotator=rotator)
     echo_json(r.as_json()) if as_json else click.echo(f"rule {r.id} created: {r.describe()}")
 
 

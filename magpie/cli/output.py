@@ -19,10 +19,16 @@ def echo_json(obj) -> None:
 
 
 def print_table(table) -> None:
-    """Print a :class:`rich.table.Table` on ``sys.stdout`` as it is at call time (a test runner's capture)."""
+    """Print a :class:`rich.table.Table` on ``sys.stdout`` as it is at call time (a test runner's capture).
+
+    On a terminal the table fits its width; into a pipe or file nothing is cut (a table is as wide as its
+    cells need), so ``magpie routes | grep`` sees whole values."""
+    import sys
+
     from rich.console import Console
 
-    Console().print(table)
+    out = sys.stdout
+    Console(file=out, width=None if out.isatty() else 10_000).print(table)
 
 
 def rows_table(title: str, cols: Sequence[str], rows: Sequence[Sequence]) -> None:

@@ -1,0 +1,404 @@
+"""One rotating listener: an asyncio server that tunnels each client connection through the next route.
+
+A client speaks either protocol on the same port (the first byte tells them apart; ``listen`` limits
+which are accepted):
+
+- **HTTP proxy**: ``CONNECT host:port`` opens a tunnel (``200 Connection established``); an
+  absolute-URI request (``GET http://host/path``) is forwarded (to an HTTP upstream as is, through a
+  SOCKS upstream in origin form), with ``Connection: close``. Credentials: ``Proxy-Authorization:
+  Basic`` (``407`` without them).
+- **SOCKS5** (RFC 1928, ``CONNECT`` only), with username/password authentication (RFC 1929) when the
+  rotator has credentials.
+
+Each connection tries up to ``tries`` routes of its :class:`magpie.rotator.pool.RoutePool`: a route that
+fails to connect (or to complete its proxy handshake within ``connect_timeout``) is counted, penalised in
+the pool and skipped for the next one. Upstream handshakes (HTTP CONNECT, SOCKS4, SOCKS5, with the
+route's credentials) come from python-socks. A tunnel closes when either side closes or after
+``idle_timeout`` seconds without traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import ipaddress
+import logging
+import socket
+import struct
+from dataclasses import dataclass, field
+
+from python_socks import ProxyType
+from python_socks.async_.asyncio import Proxy
+
+from magpie.rotator.pool import RoutePool, Upstream
+
+log = logging.getLogger(__name__)
+
+_PROXY_TYPES = {"http": ProxyType.HTTP, "https": ProxyType.HTTP, "socks4": ProxyType.SOCKS4,
+                "socks5": ProxyType.SOCKS5}
+_HEADER_CAP = 16 * 1024
+_HANDSHAKE_S = 15.0
+_CHUNK = 64 * 1024
+
+
+@dataclass
+class ListenerSpec:
+    """What a listener needs from its ``rotators`` row: ``rotator_id``, ``name``, ``port``, ``listen``
+    (set of ``http``/``socks5``), client ``username``/``password`` (clear, in memory only; None = open),
+    ``policy``, ``sticky_seconds``, ``revision``, ``workspace_id``, ``filters``."""
+
+    rotator_id: int
+    name: str
+    port: int
+    listen: frozenset[str]
+    username: str | None
+    password: str | None = field(repr=False)
+    policy: str
+    sticky_seconds: int
+    revision: int
+    workspace_id: int
+    filters: dict
+
+
+@dataclass
+class ListenerStats:
+    """Counters of one listener: ``connections`` accepted, ``active`` now, ``refused`` (auth or protocol),
+    ``no_route`` (every try failed or the pool was empty), ``upstream_failures``, ``bytes_up`` (client to
+    upstream), ``bytes_down``."""
+
+    connections: int = 0
+    active: int = 0
+    refused: int = 0
+    no_route: int = 0
+    upstream_failures: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class _Refused(Exception):
+    """The client's request is refused (already answered); close quietly."""
+
+
+class Listener:
+    """Serves one rotator on ``host:spec.port`` (see the module doc).
+
+    Args:
+        spec: the rotator (:meth:`update` swaps in a changed one without dropping connections).
+        pool: its eligible routes.
+        host: bind address. tries: routes tried per connection. connect_timeout / idle_timeout: seconds.
+        on_failure: ``on_failure(spec, upstream)`` for every failed upstream (metrics); optional.
+    """
+
+    def __init__(self, spec: ListenerSpec, pool: RoutePool, *, host: str = "127.0.0.1", tries: int = 3,
+                 connect_timeout: float = 10.0, idle_timeout: float = 300.0, on_failure=None,
+                 limit: asyncio.Semaphore | None = None):
+        self.spec = spec
+        self.pool = pool
+        self.host = host
+        self.tries = int(tries)
+        self.connect_timeout = float(connect_timeout)
+        self.idle_timeout = float(idle_timeout)
+        self.on_failure = on_failure
+        self.limit = limit
+        self.stats = ListenerStats()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        """Bind and serve. Raises ``OSError`` when the port cannot be bound."""
+        self._server = await asyncio.start_server(self._serve, self.host, self.spec.port, reuse_address=True,
+                                                  limit=_HEADER_CAP * 2)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
+    def update(self, spec: ListenerSpec) -> None:
+        """Apply a changed rotator (credentials, policy, filters) in place; connections stay up."""
+        self.spec = spec
+        self.pool.policy = spec.policy
+        self.pool.sticky_seconds = float(spec.sticky_seconds)
+
+    async def stop(self) -> None:
+        """Stop accepting and close this listener's open tunnels."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+        for t in list(self._tasks):
+            t.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- one client ----------------------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        self.stats.connections += 1
+        self.stats.active += 1
+        try:
+            if self.limit is not None:
+                async with self.limit:
+                    await self._handle(reader, writer)
+            else:
+                await self._handle(reader, writer)
+        except (_Refused, asyncio.IncompleteReadError, ConnectionError, TimeoutError, asyncio.LimitOverrunError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # noqa: BLE001 - one client never takes the listener down
+            log.exception("rotator %s: client connection failed", self.spec.name)
+        finally:
+            self.stats.active -= 1
+            self._tasks.discard(task)
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _handle(self, reader, writer) -> None:
+        first = await asyncio.wait_for(reader.readexactly(1), _HANDSHAKE_S)
+        if first == b"\x05":
+            if "socks5" not in self.spec.listen:
+                self.stats.refused += 1
+                raise _Refused
+            await self._socks5(reader, writer)
+        else:
+            if "http" not in self.spec.listen:
+                self.stats.refused += 1
+                raise _Refused
+            await self._http(first, reader, writer)
+
+    def _client_key(self, writer) -> str:
+        peer = writer.get_extra_info("peername") or ("?",)
+        return str(peer[0])
+
+    def _auth_ok(self, user: str | None, password: str | None) -> bool:
+        spec = self.spec
+        if spec.password is None:
+            return True
+        if user is None or password is None:
+            return False
+        ok_user = hmac.compare_digest((user or "").encode(), (spec.username or "").encode())
+        ok_pw = hmac.compare_digest(password.encode(), spec.password.encode())
+        return ok_user and ok_pw
+
+    # -- SOCKS5 --------------------------------------------------------------------------------------
+    async def _socks5(self, reader, writer) -> None:
+        n = (await asyncio.wait_for(reader.readexactly(1), _HANDSHAKE_S))[0]
+        methods = await asyncio.wait_for(reader.readexactly(n), _HANDSHAKE_S)
+        need_auth = self.spec.password is not None
+        want = 0x02 if need_auth else 0x00
+        if want not in methods:
+            writer.write(b"\x05\xff")
+            await writer.drain()
+            self.stats.refused += 1
+            raise _Refused
+        writer.write(bytes([5, want]))
+        await writer.drain()
+        if need_auth:
+            ver = (await reader.readexactly(1))[0]
+            ulen = (await reader.readexactly(1))[0]
+            user = (await reader.readexactly(ulen)).decode("utf-8", "replace")
+            plen = (await reader.readexactly(1))[0]
+            pw = (await reader.readexactly(plen)).decode("utf-8", "replace")
+            if ver != 1 or not self._auth_ok(user, pw):
+                writer.write(b"\x01\x01")
+                await writer.drain()
+                self.stats.refused += 1
+                raise _Refused
+            writer.write(b"\x01\x00")
+            await writer.drain()
+        ver, cmd, _rsv, atyp = await asyncio.wait_for(reader.readexactly(4), _HANDSHAKE_S)
+        if atyp == 1:
+            host = socket.inet_ntop(socket.AF_INET, await reader.readexactly(4))
+        elif atyp == 4:
+            host = socket.inet_ntop(socket.AF_INET6, await reader.readexactly(16))
+        elif atyp == 3:
+            ln = (await reader.readexactly(1))[0]
+            host = (await reader.readexactly(ln)).decode("idna")
+        else:
+            await self._socks_reply(writer, 8)
+            raise _Refused
+        (port,) = struct.unpack("!H", await reader.readexactly(2))
+        if ver != 5 or cmd != 1:
+            await self._socks_reply(writer, 7)  # command not supported
+            self.stats.refused += 1
+            raise _Refused
+        up = await self._open(host, port, self._client_key(writer))
+        if up is None:
+            await self._socks_reply(writer, 4)  # host unreachable
+            raise _Refused
+        await self._socks_reply(writer, 0)
+        await self._splice(reader, writer, *up)
+
+    @staticmethod
+    async def _socks_reply(writer, code: int) -> None:
+        writer.write(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
+        await writer.drain()
+
+    # -- HTTP proxy ----------------------------------------------------------------------------------
+    async def _http(self, first: bytes, reader, writer) -> None:
+        head = first + await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _HANDSHAKE_S)
+        if len(head) > _HEADER_CAP:
+            await self._http_reply(writer, 431, "Request Header Fields Too Large")
+            raise _Refused
+        lines = head.decode("latin-1").split("\r\n")
+        try:
+            method, target, version = lines[0].split(" ")
+        except ValueError:
+            await self._http_reply(writer, 400, "Bad Request")
+            raise _Refused from None
+        headers = [ln for ln in lines[1:] if ln]
+        user = password = None
+        kept = []
+        for h in headers:
+            name, _, value = h.partition(":")
+            lname = name.strip().lower()
+            if lname == "proxy-authorization":
+                scheme, _, cred = value.strip().partition(" ")
+                if scheme.lower() == "basic":
+                    with contextlib.suppress(Exception):
+                        user, _, password = base64.b64decode(cred.strip()).decode("utf-8").partition(":")
+            elif lname not in ("proxy-connection", "connection", "keep-alive"):
+                kept.append(h)
+        if not self._auth_ok(user, password):
+            self.stats.refused += 1
+            await self._http_reply(writer, 407, "Proxy Authentication Required",
+                                   'Proxy-Authenticate: Basic realm="magpie"\r\n')
+            raise _Refused
+        client = self._client_key(writer)
+        if method.upper() == "CONNECT":
+            host, port = _split_hostport(target, 443)
+            if host is None:
+                await self._http_reply(writer, 400, "Bad Request")
+                raise _Refused
+            up = await self._open(host, port, client)
+            if up is None:
+                await self._http_reply(writer, 502, "Bad Gateway")
+                raise _Refused
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await self._splice(reader, writer, *up)
+            return
+        if not target.lower().startswith("http://"):
+            await self._http_reply(writer, 400, "Bad Request")
+            raise _Refused
+        rest = target[7:]
+        hostport, slash, path = rest.partition("/")
+        host, port = _split_hostport(hostport, 80)
+        if host is None:
+            await self._http_reply(writer, 400, "Bad Request")
+            raise _Refused
+        origin = "/" + path if slash else "/"
+        got = await self._open(host, port, client, forward_http=True)
+        if got is None:
+            await self._http_reply(writer, 502, "Bad Gateway")
+            raise _Refused
+        ur, uw, upstream = got
+        if upstream.protocol in ("http", "https"):
+            line = f"{method} {target} {version}"
+            auth = ([f"Proxy-Authorization: Basic {_basic(upstream.username, upstream.password)}"]
+                    if upstream.password is not None else [])
+        else:
+            line, auth = f"{method} {origin} {version}", []
+        req = "\r\n".join([line, *kept, *auth, "Connection: close", "", ""]).encode("latin-1")
+        uw.write(req)
+        self.stats.bytes_up += len(req)
+        await self._splice(reader, writer, ur, uw, upstream)
+
+    @staticmethod
+    async def _http_reply(writer, status: int, reason: str, extra: str = "") -> None:
+        writer.write(f"HTTP/1.1 {status} {reason}\r\n{extra}Content-Length: 0\r\nConnection: close\r\n\r\n"
+                     .encode("latin-1"))
+        with contextlib.suppress(Exception):
+            await writer.drain()
+
+    # -- upstream ------------------------------------------------------------------------------------
+    async def _open(self, host: str, port: int, client: str, forward_http: bool = False):
+        """``(reader, writer, upstream)`` through the first route that connects, or None."""
+        tried: set[int] = set()
+        for _ in range(self.tries):
+            u = self.pool.pick(client, tried)
+            if u is None:
+                break
+            tried.add(u.route_id)
+            try:
+                if forward_http and u.protocol in ("http", "https"):
+                    r, w = await asyncio.wait_for(asyncio.open_connection(u.host, u.port), self.connect_timeout)
+                else:
+                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], u.host, u.port, u.username, u.password,
+                                         rdns=True)
+                    sock = await proxy.connect(host, port, timeout=self.connect_timeout)
+                    r, w = await asyncio.wait_for(asyncio.open_connection(sock=sock), self.connect_timeout)
+                return r, w, u
+            except Exception:  # noqa: BLE001 - any upstream failure: count it, try the next route
+                self.stats.upstream_failures += 1
+                self.pool.failed(u)
+                if self.on_failure is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_failure(self.spec, u)
+        self.stats.no_route += 1
+        return None
+
+    async def _splice(self, cr, cw, ur, uw, _upstream: Upstream) -> None:
+        loop = asyncio.get_running_loop()
+        last = [loop.time()]
+
+        async def pump(src, dst, up: bool):
+            while True:
+                data = await src.read(_CHUNK)
+                if not data:
+                    break
+                last[0] = loop.time()
+                if up:
+                    self.stats.bytes_up += len(data)
+                else:
+                    self.stats.bytes_down += len(data)
+                dst.write(data)
+                await dst.drain()
+            with contextlib.suppress(Exception):
+                if dst.can_write_eof():
+                    dst.write_eof()
+
+        tasks = [asyncio.ensure_future(pump(cr, uw, True)), asyncio.ensure_future(pump(ur, cw, False))]
+        try:
+            while True:  # until both directions ended, one failed, or no traffic for idle_timeout
+                done, _ = await asyncio.wait(tasks, timeout=min(5.0, self.idle_timeout),
+                                             return_when=asyncio.FIRST_EXCEPTION)
+                if len(done) == 2 or any(not t.cancelled() and t.exception() for t in done):
+                    break
+                if loop.time() - last[0] > self.idle_timeout:
+                    break
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                uw.close()
+
+
+def _split_hostport(text: str, default: int) -> tuple[str | None, int]:
+    """``host:port`` / ``[v6]:port`` / ``host`` -> (host, port); (None, 0) when malformed."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_s = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port_s = text.partition(":")
+    else:
+        host, port_s = text, ""
+        with contextlib.suppress(ValueError):
+            ipaddress.ip_address(text)
+    try:
+        port = int(port_s) if port_s else default
+    except ValueError:
+        return None, 0
+    if not host or not 1 <= port <= 65535:
+        return None, 0
+    return host, port
+
+
+def _basic(user: str | None, password: str | None) -> str:
+    return base64.b64encode(f"{user or ''}:{password or ''}".encode()).decode()

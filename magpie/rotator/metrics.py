@@ -1,0 +1,54 @@
+"""Prometheus metrics of a rotator process, read from its listeners at scrape time.
+
+Families (label ``rotator`` = the rotator's name): ``magpie_rotator_connections_total``,
+``magpie_rotator_active_connections``, ``magpie_rotator_bytes_total`` (label ``direction`` = ``up``: client
+to upstream, ``down``), ``magpie_rotator_upstream_failures_total``, ``magpie_rotator_no_route_total``,
+``magpie_rotator_refused_total`` and ``magpie_rotator_pool_size`` (eligible routes).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+
+class RotatorCollector:
+    """Collects the counters of a :class:`magpie.rotator.process.RotatorProcess`'s listeners."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        conns = CounterMetricFamily("magpie_rotator_connections", "Client connections accepted", labels=["rotator"])
+        active = GaugeMetricFamily("magpie_rotator_active_connections", "Client connections open", labels=["rotator"])
+        data = CounterMetricFamily("magpie_rotator_bytes", "Bytes tunnelled", labels=["rotator", "direction"])
+        fails = CounterMetricFamily("magpie_rotator_upstream_failures", "Upstream routes that failed to connect",
+                                    labels=["rotator"])
+        none = CounterMetricFamily("magpie_rotator_no_route", "Connections refused: no route connected",
+                                   labels=["rotator"])
+        refused = CounterMetricFamily("magpie_rotator_refused", "Connections refused: auth or protocol",
+                                      labels=["rotator"])
+        pool = GaugeMetricFamily("magpie_rotator_pool_size", "Eligible routes", labels=["rotator"])
+        for lis in list(self.proc.listeners.values()):
+            n, st = lis.spec.name, lis.stats
+            conns.add_metric([n], st.connections)
+            active.add_metric([n], st.active)
+            data.add_metric([n, "up"], st.bytes_up)
+            data.add_metric([n, "down"], st.bytes_down)
+            fails.add_metric([n], st.upstream_failures)
+            none.add_metric([n], st.no_route)
+            refused.add_metric([n], st.refused)
+            pool.add_metric([n], len(lis.pool))
+        yield from (conns, active, data, fails, none, refused, pool)
+
+
+def serve_metrics(proc, host: str, port: int) -> CollectorRegistry:
+    """Serve ``/metrics`` of ``proc`` on ``host:port`` (a daemon thread); returns the registry.
+    Raises ``OSError`` when the port cannot be bound."""
+    reg = CollectorRegistry()
+    reg.register(RotatorCollector(proc))
+    start_http_server(port, addr=host, registry=reg)
+    return reg
