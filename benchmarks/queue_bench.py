@@ -4,11 +4,19 @@ encryption (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``) off and on, all measured in one
 
     .venv/bin/python benchmarks/queue_bench.py [--routes 1000000] [--seconds 5] [--batch 64] [--procs 2]
         [--encrypt]
+    .venv/bin/python benchmarks/queue_bench.py --backend postgresql [--routes 100000] [--sustain 60]
+
+``--backend postgresql`` runs the same workload (import, claim+complete one route and ``--batch`` routes per
+call, ``--procs`` processes) on Redis and on the PostgreSQL schedule in a private database created for the
+run, and prints the Redis/PostgreSQL ratio per figure (routes/s). ``--sustain S`` then runs claim + start mark
++ heartbeat + complete for S seconds per table layout (fillfactor 100, fillfactor 70, and fillfactor 70 with
+a transaction holding a snapshot open, the xmin-horizon hazard) and reports dead tuples, HOT updates and
+table growth from ``pg_stat_user_tables``.
 
 ``--encrypt`` imports the payloads with their credentials sealed (as ``PROXY_QUEUE_ENCRYPT_CREDENTIALS``
 does), so the memory per route and the cycle rates are those of encrypted payloads.
 
-Uses its own key prefix on Redis database 14 and deletes everything it wrote at the end. Prints each
+Uses ``MAGPIE_REDIS_URL`` with its own key prefix and deletes everything it wrote at the end. Prints each
 figure, our batched rate as a ratio of the ceiling, and one summary line of key=value pairs.
 """
 
@@ -24,12 +32,13 @@ import uuid
 import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 from magpie.crypto import get_keyring  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
 from magpie.routes import Route  # noqa: E402
 
-URL = os.environ.get("MAGPIE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+URL = os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/0")  # the product's setting
 SHARDS = 16
 
 
@@ -123,7 +132,12 @@ def parallel(fn, prefix: str, batch: int, seconds: float, procs: int) -> float:
 
 
 def main() -> int:
+    if "--backend" in sys.argv and "postgresql" in sys.argv:
+        from pg_bench import main as pg_main
+
+        return pg_main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["redis", "postgresql"], default="redis")
     ap.add_argument("--routes", type=int, default=1_000_000)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--batch", type=int, default=64)

@@ -10,8 +10,10 @@ local NCORE = 8
 -- Refusal codes, the only negative replies a script gives (magpie.errors.Refusal holds the same table).
 local R_LEASE_LOST, R_GONE, R_PAYLOAD_CHANGED, R_BAD_PAYLOAD, R_LEASED = -1, -2, -3, -4, -5
 local R_DEAD, R_NOT_DEAD, R_ACTIVE_LEASES, R_NOT_PAUSED, R_LAYOUT_MISMATCH = -6, -7, -8, -9, -10
--- rotator refusals (raised by Python only; listed so the table stays whole)
+-- refusals raised by Python only, listed so the table stays whole: rotators
 local R_PORT_TAKEN, R_RANGE_EXHAUSTED, R_NO_SUCH_WORKSPACE = -11, -12, -13
+-- nothing claimable (the claim command)
+local R_EMPTY = -14
 
 -- Redis server clock in Unix ms; a positive override is accepted for deterministic tests only.
 local function clock(override)

@@ -7,11 +7,13 @@
 --   of one call shares the lease score.
 -- Re-claiming an expired lease is a stall. It is evidence against the route only when the route had
 -- started checking under that lease (its #s mark, lib.lua): a lease that never started (prefetched,
--- queued behind others) counts nothing. The first started stall since the last completion puts the
--- route under suspicion (#q = 1) and counts nothing either: a crash of its process takes all its
--- neighbours down with it. From the second on, the route is in quarantine (alone = 1: dispatched
--- alone, checked alone in its process) and each stall counts; more than max stalls in a row moves it
--- to the dead-letter set instead of claiming it, with the evidence.
+-- queued behind others) counts nothing. Each started stall counts. The first one since the last
+-- completion only makes the route a suspect (#q = 1): a crash of its process takes its neighbours down
+-- with it, so it is re-run as usual. From the second on, the route is in quarantine (alone = 1:
+-- dispatched alone, checked alone in its process), so further stalls are its own. More than max
+-- stalls in a row, the last of them while checked alone, move it to the dead-letter set instead of
+-- claiming it, with the evidence: a route that kills its process is dead-lettered within
+-- max(max + 1, 3) claims.
 local now = clock(ARGV[1])
 local want = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
@@ -95,7 +97,7 @@ while got < want and #cursors > 0 do
         local mark = redis.call('HGET', K_STALLS, member .. '#s')
         if mark and tonumber(mark) == score then
           q = redis.call('HINCRBY', K_STALLS, member .. '#q', 1)
-          if q > 1 then stalls = redis.call('HINCRBY', K_STALLS, member, 1) end
+          stalls = redis.call('HINCRBY', K_STALLS, member, 1)
           redis.call('HDEL', K_STALLS, member .. '#s')
         else
           q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
@@ -104,7 +106,7 @@ while got < want and #cursors > 0 do
         q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
       end
       if q > 1 then alone = 1 end
-      if stalls > max_stalled then
+      if stalls > max_stalled and q > 2 then  -- q > 2: the lease that stalled was checked alone
         keep = false
         redis.call('ZADD', K_DEAD, now, member)
         redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, claims = q,

@@ -95,14 +95,19 @@ class Settings(BaseSettings):
     database_url: str = Field(
         "postgresql+psycopg2://postgres@127.0.0.1:5432/magpie", alias="MAGPIE_DATABASE_URL"
     )
+    """SQLAlchemy URL of the PostgreSQL database (results, routes, jobs); ``postgresql://`` only."""
     redis_url: str = Field("redis://127.0.0.1:6379/0", alias="MAGPIE_REDIS_URL")
+    """Redis holding the route schedule, leader locks, counters and the results stream (``redis://``,
+    ``rediss://`` or ``unix://``); run it with ``maxmemory-policy noeviction``."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
     ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
     result_backend: str | None = Field(None, alias="MAGPIE_RESULT_BACKEND")
+    """Celery result backend; unset: none (magpie's tasks report through Redis and PostgreSQL)."""
     broker_key_prefix: str = Field("", alias="MAGPIE_BROKER_KEY_PREFIX")
     """Key prefix for a Redis broker's own keys (kombu ``global_keyprefix``), to share one Redis database."""
     redis_prefix: str = Field("magpie:", alias="MAGPIE_REDIS_PREFIX")
+    """Prefix of every Redis key of this deployment (several deployments can share a server)."""
 
     check_interval: float = Field(300.0, alias="MAGPIE_CHECK_INTERVAL", ge=0.1, le=MONTH)
     """Seconds between two checks of one route (at most 30 days)."""
@@ -142,6 +147,8 @@ class Settings(BaseSettings):
     """Upper bound in seconds on a backoff delay (at most one day)."""
 
     queue_shards: int = Field(16, alias="PROXY_QUEUE_SHARDS", ge=1, le=128)
+    """Shards (sorted sets) of the schedule; fixed once the schedule exists (a different value is refused as
+    ``layout_mismatch``; obliterate or rebuild to change it)."""
     encrypt_queue_credentials: bool = Field(False, alias="PROXY_QUEUE_ENCRYPT_CREDENTIALS")
     """Seal route credentials in new and changed Redis queue payloads (AES-SIV, key derived from
     ``PROXY_ENCRYPTION_KEY``); readers take sealed and plaintext payloads either way. Payloads already
@@ -156,6 +163,7 @@ class Settings(BaseSettings):
     ``PROXY_ENCRYPTION_KEY`` against before it gives up (exit status 2)."""
 
     judge_url: str = Field("http://127.0.0.1:8899/", alias="MAGPIE_JUDGE_URL")
+    """The judge every check requests through the proxy (``magpie judge`` serves one)."""
     judge_ca_bundle: str | None = Field(None, alias="MAGPIE_JUDGE_CA_BUNDLE")
     """PEM file of the CA certificates trusted for an https judge, instead of the system trust store (a
     self-hosted judge with a private CA). Certificates and host names are always verified."""
@@ -170,11 +178,14 @@ class Settings(BaseSettings):
     """Seconds for the TCP connect plus the proxy handshake of one attempt (default: half of
     ``MAGPIE_CHECK_TIMEOUT``; never more than it)."""
     check_attempts: int = Field(2, alias="MAGPIE_CHECK_ATTEMPTS", ge=1, le=10)
+    """Attempts per check before the route counts as dead in that cycle."""
     body_cap: int = Field(2048, alias="MAGPIE_BODY_CAP", ge=0)
     """Bytes of the judge's response body kept per check."""
 
     stats_stream_maxlen: int = Field(1_000_000, alias="MAGPIE_STATS_STREAM_MAXLEN", ge=1000)
+    """Bound of the results stream (entries); see ``MAGPIE_STATS_OVERFLOW``."""
     stats_batch: int = Field(500, alias="MAGPIE_STATS_BATCH", ge=1)
+    """Results one ingestion pass reads from the stream and stores in one transaction."""
     stats_interval: float = Field(1.0, alias="MAGPIE_STATS_INTERVAL", gt=0)
     """Seconds between beat-triggered statistics ingestion passes."""
 
@@ -216,12 +227,15 @@ class Settings(BaseSettings):
     smtp_host: str = Field("127.0.0.1", alias="MAGPIE_SMTP_HOST")
     """SMTP server for the email outbox."""
     smtp_port: int = Field(25, alias="MAGPIE_SMTP_PORT", ge=1, le=65535)
+    """SMTP server port."""
     smtp_user: str | None = Field(None, alias="MAGPIE_SMTP_USER")
     """SMTP login; sent only over TLS or to a loopback server."""
     smtp_password: str | None = Field(None, alias="MAGPIE_SMTP_PASSWORD")
+    """SMTP password (with ``MAGPIE_SMTP_USER``)."""
     smtp_tls: str = Field("none", alias="MAGPIE_SMTP_TLS", pattern=r"^(none|starttls|tls)$")
     """``none`` (plain), ``starttls`` (upgrade after EHLO) or ``tls`` (implicit TLS, usually port 465)."""
     smtp_from: str = Field("magpie@localhost", alias="MAGPIE_SMTP_FROM")
+    """Sender address of outgoing email."""
     smtp_timeout: float = Field(30.0, alias="MAGPIE_SMTP_TIMEOUT", gt=0, le=600)
     """Seconds; socket timeout of one SMTP session."""
     smtp_ca_file: str | None = Field(None, alias="MAGPIE_SMTP_CA_FILE")
@@ -316,20 +330,187 @@ class Settings(BaseSettings):
     """Seconds each readiness probe (Redis, PostgreSQL, broker) may take."""
 
     # --- settings: schedule backend (PostgreSQL provider) ---
+    schedule_url: str | None = Field(None, alias="MAGPIE_SCHEDULE_URL")
+    """Where the route schedule lives: ``redis://``, ``rediss://``, ``unix://`` (the Redis schedule, the
+    default: ``MAGPIE_REDIS_URL``) or ``postgresql://`` / ``postgresql+psycopg2://`` (the PostgreSQL
+    schedule, one table; run ``magpie db upgrade`` on that database first)."""
+
+    @field_validator("schedule_url")
+    @classmethod
+    def _schedule_scheme(cls, v: str | None) -> str | None:
+        from magpie.queue.provider import SCHEMES, scheme_of
+
+        if v is not None and not v.strip():
+            return None
+        if v is not None and scheme_of(v) not in SCHEMES:
+            raise ValueError("accepted schemes: " + ", ".join(f"{s}://" for s in SCHEMES))
+        return v
 
     # --- settings: operator web dashboard ---
+    web_host: str = Field("127.0.0.1", alias="MAGPIE_WEB_HOST")
+    """Address ``magpie web`` binds to; any other than loopback needs ``MAGPIE_WEB_TOKEN`` (reads then
+    need it too)."""
+    web_port: int = Field(8080, alias="MAGPIE_WEB_PORT", ge=1, le=65535)
+    """TCP port ``magpie web`` listens on."""
+    web_token: str | None = Field(None, alias="MAGPIE_WEB_TOKEN", min_length=16)
+    """Bearer token (16+ characters) for the dashboard's operator actions; unset refuses every action."""
+    web_sample_interval: float = Field(10.0, alias="MAGPIE_WEB_SAMPLE_INTERVAL", ge=1, le=HOUR)
+    """Seconds between two samples of throughput and lateness kept for the dashboard's charts."""
+    web_sample_keep: int = Field(720, alias="MAGPIE_WEB_SAMPLE_KEEP", ge=10, le=10_000)
+    """Samples kept in the Redis ring behind the charts (720 x 10 s = 2 hours)."""
+    web_page_size: int = Field(100, alias="MAGPIE_WEB_PAGE_SIZE", ge=10, le=1000)
+    """Rows per page of the dashboard's route and dead-letter lists."""
 
     # --- settings: observability (logs, probes) ---
+    log_format: Literal["text", "json"] = Field("text", alias="MAGPIE_LOG_FORMAT")
+    """Log lines of workers, beat and the CLI: ``text`` (Celery's format) or ``json`` (one object a line)."""
+    metrics_route_series: int = Field(1000, alias="MAGPIE_METRICS_ROUTE_SERIES", ge=1, le=100_000)
+    """Most label sets of ``magpie_routes_alive`` per scrape (the largest groups are kept)."""
+    metrics_route_cache: float = Field(30.0, alias="MAGPIE_METRICS_ROUTE_CACHE", ge=0, le=3600)
+    """Seconds the exporter reuses its whole-table aggregates: alive routes, deliveries (0: every scrape)."""
 
     # --- settings: operations (interval, demo) ---
+    interval_respread: bool = Field(True, alias="MAGPIE_INTERVAL_RESPREAD")
+    """Respread the schedule once, in bounded batches, when ``MAGPIE_CHECK_INTERVAL`` differs from the
+    interval the schedule was spread for (the ``interval_respread`` maintenance job)."""
+    respread_batch: int = Field(1000, alias="MAGPIE_RESPREAD_BATCH", ge=10, le=10_000)
+    """Routes one respread batch moves in one Lua call (10 to 10,000): bounds how long Redis is busy."""
+    demo_prefix: str = Field("magpie-demo:", alias="MAGPIE_DEMO_PREFIX", min_length=1, max_length=64)
+    """Redis key prefix of ``make demo`` (schedule and broker keys); only keys under it are reset."""
+    demo_database: str = Field("magpie_demo", alias="MAGPIE_DEMO_DATABASE", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    """PostgreSQL database ``make demo`` creates on the server of ``MAGPIE_DATABASE_URL``; it drops it
+    at its next start only if the demo created it."""
 
     # --- settings: import formats, enrichment, blacklists ---
+    geoip_country_db: str | None = Field(None, alias="MAGPIE_GEOIP_COUNTRY_DB")
+    """Path of a MaxMind-format country (or city) database file (``.mmdb``) the operator supplies; unset:
+    no country enrichment. Read with the ``maxminddb`` reader; a changed file is noticed and reloaded."""
+    geoip_asn_db: str | None = Field(None, alias="MAGPIE_GEOIP_ASN_DB")
+    """Path of a MaxMind-format ASN database file (``autonomous_system_number`` and
+    ``autonomous_system_organization``); unset: no ASN enrichment and no network-type guess."""
+    geoip_check_interval: float = Field(60.0, alias="MAGPIE_GEOIP_CHECK_INTERVAL", ge=1, le=DAY)
+    """Seconds between two looks of one process at the database files (mtime, size; a hash when they moved)."""
+    enrich_cache_size: int = Field(65536, alias="MAGPIE_ENRICH_CACHE_SIZE", ge=16, le=10_000_000)
+    """Entries of each in-process enrichment cache (GeoIP lookups, abuse scores); the oldest go first."""
+    enrich_cache_ttl: float = Field(3600.0, alias="MAGPIE_ENRICH_CACHE_TTL", ge=1, le=MONTH)
+    """Seconds a GeoIP lookup stays in the in-process cache (a database reload empties it)."""
+    abuse_api_url: str = Field("https://api.abuseipdb.com/api/v2/check", alias="MAGPIE_ABUSE_API_URL")
+    """AbuseIPDB-style check endpoint (``GET ?ipAddress=...&maxAgeInDays=...`` with a ``Key`` header);
+    reached through the egress guard (``MAGPIE_ENRICH_ALLOW_PRIVATE``)."""
+    abuse_api_key: str | None = Field(None, alias="MAGPIE_ABUSE_API_KEY", min_length=8)
+    """API key of the abuse-reputation provider; unset turns abuse lookups off. Never logged or shown."""
+    abuse_rate_per_minute: float = Field(30.0, alias="MAGPIE_ABUSE_RATE_PER_MINUTE", gt=0, le=60_000)
+    """Most abuse lookups a process sends per minute (token bucket); lookups beyond it wait or are refused."""
+    abuse_cache_ttl: float = Field(86400.0, alias="MAGPIE_ABUSE_CACHE_TTL", ge=1, le=MONTH)
+    """Seconds one address's abuse score is reused from the in-process cache."""
+    abuse_max_age_days: int = Field(90, alias="MAGPIE_ABUSE_MAX_AGE_DAYS", ge=1, le=365)
+    """Days of reports the abuse provider considers (``maxAgeInDays``)."""
+    abuse_timeout: float = Field(10.0, alias="MAGPIE_ABUSE_TIMEOUT", gt=0, le=120)
+    """Seconds for connecting to and for reading from the abuse provider."""
+    enrich_allow_private: str = Field("false", alias="MAGPIE_ENRICH_ALLOW_PRIVATE")
+    """Non-public addresses blacklist URLs and the abuse provider may resolve to, as
+    ``MAGPIE_CHECK_ALLOW_PRIVATE`` takes them (``false``, ``true`` or CIDRs such as ``127.0.0.0/8``)."""
+    blacklist_policy: Literal["flag", "skip", "remove"] = Field("flag", alias="MAGPIE_BLACKLIST_POLICY")
+    """What a listed route becomes in a workspace with no policy of its own (``magpie blacklists policy``):
+    ``flag`` (marked, still checked), ``skip`` (marked, not imported and not scheduled while no workspace
+    wants it checked) or ``remove`` (not imported; taken out of the workspace, and out of the schedule and
+    PostgreSQL once no workspace owns it)."""
+    blacklist_max_bytes: int = Field(64 * 1024 * 1024, alias="MAGPIE_BLACKLIST_MAX_BYTES", ge=1024,
+                                     le=1024 * 1024 * 1024)
+    """Largest blacklist source read (bytes); a larger file or download fails that source's refresh."""
+    blacklist_max_entries: int = Field(1_000_000, alias="MAGPIE_BLACKLIST_MAX_ENTRIES", ge=1, le=50_000_000)
+    """Most addresses and ranges kept from one source; a source with more fails its refresh."""
+    blacklist_fetch_timeout: float = Field(30.0, alias="MAGPIE_BLACKLIST_FETCH_TIMEOUT", gt=0, le=600)
+    """Seconds for connecting to and for reading from a blacklist URL."""
+
+    @field_validator("enrich_allow_private", mode="before")
+    @classmethod
+    def _enrich_allow(cls, v):
+        from magpie.egress import parse_allow
+
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        parse_allow(v)
+        return str(v)
+
 
     # --- settings: judges, profiles, caches, failure tracking ---
+    judge_failovers: int = Field(1, alias="MAGPIE_JUDGE_FAILOVERS", ge=0, le=5)
+    """Other judges a check tries within the same cycle when its judge (not the route) failed."""
+    judge_down_seconds: float = Field(30.0, alias="MAGPIE_JUDGE_DOWN_SECONDS", gt=0, le=HOUR)
+    """Seconds a checker leaves out of its round robin a judge it found failing (until the refresh job
+    or this timer brings it back)."""
+    judge_probe_timeout: float = Field(5.0, alias="MAGPIE_JUDGE_PROBE_TIMEOUT", gt=0, le=120)
+    """Seconds the judge refresh job gives one direct probe of a judge."""
+    config_reconcile_seconds: float = Field(5.0, alias="MAGPIE_CONFIG_RECONCILE_SECONDS", ge=0.1, le=HOUR)
+    """Seconds between two comparisons of a process's cached judges and profiles with the persisted
+    revision (a missed notification converges within this cadence)."""
+    profile_max_timeout: float | None = Field(None, alias="MAGPIE_PROFILE_MAX_TIMEOUT", gt=0, le=600)
+    """Largest per-attempt timeout in seconds a check profile may set (default: ``MAGPIE_CHECK_TIMEOUT``);
+    with the attempts bound it sets the longest check, which the check pool's start margin and last
+    guard allow for."""
+    profile_max_attempts: int | None = Field(None, alias="MAGPIE_PROFILE_MAX_ATTEMPTS", ge=1, le=10)
+    """Most attempts a check profile may set (default: ``MAGPIE_CHECK_ATTEMPTS``)."""
+    dns_cache_size: int = Field(10_000, alias="MAGPIE_DNS_CACHE_SIZE", ge=1, le=10_000_000)
+    """Host names kept by a process's DNS cache (least recently used leave first)."""
+    dns_ttl: float = Field(300.0, alias="MAGPIE_DNS_TTL", gt=0, le=DAY)
+    """Seconds a resolved host name is kept when the resolver gives no TTL of its own (upper bound)."""
+    dns_negative_ttl: float = Field(30.0, alias="MAGPIE_DNS_NEGATIVE_TTL", ge=0, le=HOUR)
+    """Seconds a failed resolution is remembered (0: not cached)."""
+    plan_cache_size: int = Field(4096, alias="MAGPIE_PLAN_CACHE_SIZE", ge=1, le=1_000_000)
+    """Check plans (owner set and protocol to the checks to run) a process keeps per config revision."""
 
     # --- settings: reputation, rollups, instances ---
+    reputation_window_days: int = Field(7, alias="MAGPIE_REPUTATION_WINDOW_DAYS", ge=1, le=90)
+    """Days of check history a route's reputation uptime and latency are computed from."""
+    reputation_recency_horizon: float = Field(86400.0, alias="MAGPIE_REPUTATION_RECENCY_HORIZON", gt=0,
+                                              le=MONTH)
+    """Seconds after the newest alive check at which the recency component reaches 0 (linear decay)."""
+    reputation_latency_good_ms: float = Field(500.0, alias="MAGPIE_REPUTATION_LATENCY_GOOD_MS", ge=0,
+                                              le=600_000)
+    """Mean alive latency (ms) at or below which the latency component is 1."""
+    reputation_latency_bad_ms: float = Field(5000.0, alias="MAGPIE_REPUTATION_LATENCY_BAD_MS", gt=0,
+                                             le=600_000)
+    """Mean alive latency (ms) at or above which the latency component is 0 (must exceed the good one)."""
+    reputation_streak_limit: int = Field(10, alias="MAGPIE_REPUTATION_STREAK_LIMIT", ge=1, le=10_000)
+    """Consecutive failures at which the failure-streak component reaches 0."""
+    reputation_max_age: float = Field(86400.0, alias="MAGPIE_REPUTATION_MAX_AGE", ge=60, le=MONTH)
+    """Seconds after which a score is recomputed even without new results (recency decays)."""
+    rollup_lookback_hours: int = Field(2, alias="MAGPIE_ROLLUP_LOOKBACK_HOURS", ge=0, le=168)
+    """Closed hours recomputed by every hourly-count pass besides the current one (late results)."""
+    snapshot_retention_days: int = Field(30, alias="MAGPIE_SNAPSHOT_RETENTION_DAYS", ge=1, le=3650)
+    """Days of 10-minute workspace snapshots kept."""
+    hourly_retention_days: int = Field(30, alias="MAGPIE_HOURLY_RETENTION_DAYS", ge=1, le=3650)
+    """Days of hourly route counts kept."""
+    usage_retention_days: int = Field(400, alias="MAGPIE_USAGE_RETENTION_DAYS", ge=1, le=3650)
+    """Days of daily workspace usage kept."""
+    source_stats_retention_days: int = Field(7, alias="MAGPIE_SOURCE_STATS_RETENTION_DAYS", ge=1, le=3650)
+    """Days a source-statistics row no refresh wrote (its source has no routes left) is kept."""
+    instance_heartbeat: float = Field(10.0, alias="MAGPIE_INSTANCE_HEARTBEAT", gt=0, le=300)
+    """Seconds between two refreshes of a worker's or beat's instance record."""
+    instance_ttl: float = Field(30.0, alias="MAGPIE_INSTANCE_TTL", ge=1, le=3600)
+    """Seconds an instance record lives after its last refresh (keep it above two heartbeats)."""
 
     # --- settings: rotators ---
+    rotator_ports: str = Field("20000-20100", alias="MAGPIE_ROTATOR_PORTS", pattern=r"^\s*\d{1,5}\s*-\s*\d{1,5}\s*$")
+    """Port range ``A-B`` (inclusive) rotators get their listening port from."""
+    rotator_host: str = Field("127.0.0.1", alias="MAGPIE_ROTATOR_HOST")
+    """Address rotator listeners bind to (``0.0.0.0`` to serve other hosts)."""
+    rotator_reconcile: float = Field(10.0, alias="MAGPIE_ROTATOR_RECONCILE", gt=0, le=HOUR)
+    """Seconds between a rotator process's reconciliations of its listeners with its assignments."""
+    rotator_pool_refresh: float = Field(30.0, alias="MAGPIE_ROTATOR_POOL_REFRESH", gt=0, le=HOUR)
+    """Seconds between reloads of each listener's eligible routes (changes also notify at once)."""
+    rotator_tries: int = Field(3, alias="MAGPIE_ROTATOR_TRIES", ge=1, le=20)
+    """Upstream routes tried per client connection before it is refused."""
+    rotator_connect_timeout: float = Field(10.0, alias="MAGPIE_ROTATOR_CONNECT_TIMEOUT", gt=0, le=600)
+    """Seconds an upstream route may take to connect and complete its proxy handshake."""
+    rotator_idle_timeout: float = Field(300.0, alias="MAGPIE_ROTATOR_IDLE_TIMEOUT", gt=0, le=DAY)
+    """Seconds a tunnel may stay without traffic in either direction before it is closed."""
+    rotator_max_connections: int = Field(10_000, alias="MAGPIE_ROTATOR_MAX_CONNECTIONS", ge=1, le=1_000_000)
+    """Client connections one rotator process serves at once (more wait in the listen backlog)."""
+    rotator_metrics_port: int | None = Field(None, alias="MAGPIE_ROTATOR_METRICS_PORT", ge=1, le=65535)
+    """Port of the rotator process's ``/metrics`` (None: not served)."""
+
 
     # --- settings: reliability (quarantine) ---
 

@@ -44,6 +44,8 @@ class Refusal(enum.IntEnum):
     """Every port of ``MAGPIE_ROTATOR_PORTS`` already belongs to a rotator."""
     NO_SUCH_WORKSPACE = -13
     """The named workspace does not exist."""
+    EMPTY = -14
+    """Nothing is claimable now (``magpie queue claim``)."""
 
     @property
     def label(self) -> str:

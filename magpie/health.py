@@ -20,6 +20,9 @@ Probes, each bounded by ``MAGPIE_HEALTH_TIMEOUT`` seconds:
   the dead-letter stream holds entries: nothing is blocked, but those results need an operator
   (inspect, then ``magpie stats redrive``).
 
+* ``instances``: live instance heartbeats per role (:mod:`magpie.instances`) and the beat's
+  schedule-bootstrap state; ready with a warning while no beat is live or its schedule is not loaded.
+
 Readiness does not prove that jobs finish: watch ``magpie_maintenance_last_success_timestamp_seconds``,
 failures and backlog for that (``magpie metrics``).
 """
@@ -89,6 +92,27 @@ def stats_probe(r: redis_lib.Redis, prefix: str) -> str:
         return _Warning(f"{s['dead']} dead-lettered result(s) ({detail}): inspect, then "
                         "`magpie stats redrive`")
     return f"{detail}, no dead letters"
+
+
+def instances_probe(r: redis_lib.Redis, prefix: str) -> str:
+    """The ``instances`` probe's detail: live instances per role and the beat's schedule-bootstrap state
+    (:mod:`magpie.instances`); a :class:`_Warning` when no beat is live or none has bootstrapped its
+    schedule (nothing is triggered). Raises ``redis.RedisError`` when Redis fails."""
+    from magpie.instances import InstanceRegistry
+
+    live = InstanceRegistry(r, prefix).list_live()
+    roles: dict[str, int] = {}
+    for rec in live:
+        roles[str(rec.get("role"))] = roles.get(str(rec.get("role")), 0) + 1
+    who = ", ".join(f"{n} {role}" for role, n in sorted(roles.items())) or "none"
+    beats = [rec.get("schedule") or {} for rec in live if rec.get("role") == "beat"]
+    if not beats:
+        return _Warning(f"live instances: {who}; no beat instance: nothing triggers promote or the jobs")
+    ready = [b for b in beats if b.get("bootstrapped")]
+    if not ready:
+        return _Warning(f"live instances: {who}; beat schedule not bootstrapped yet")
+    entries = max(b.get("entries", 0) for b in ready)
+    return f"live instances: {who}; beat schedule bootstrapped ({entries} entries)"
 
 
 def _stats_check(r: redis_lib.Redis, prefix: str) -> dict:
@@ -174,6 +198,17 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
             from magpie.queue import QueueKeys
 
             keys = QueueKeys(settings.redis_prefix, settings.queue_shards)
+            if (settings.schedule_url or "").startswith("postgresql"):  # the schedule lives in PostgreSQL
+                from magpie.queue.pg.health import schedule_health
+
+                sched = sa.create_engine(settings.schedule_url, poolclass=sa.pool.NullPool, connect_args={
+                    "connect_timeout": max(1, round(t)), "options": f"-c statement_timeout={int(t * 1000)}"})
+                try:
+                    with sched.connect() as conn:
+                        detail, warn = schedule_health(conn, keys.base)
+                finally:
+                    sched.dispose()
+                return _Warning(detail) if warn else detail
             if r.exists(keys.heads):
                 return "heads index present"
             if r.exists(keys.base + "maintenance_marker"):  # built from PostgreSQL, then drained on purpose
@@ -224,6 +259,7 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
             checks["scripts"] = _probe(scripts_probe)
             checks["engines"] = _probe(engines_probe)
             checks["stats"] = _stats_check(r, settings.redis_prefix)
+            checks["instances"] = _probe(lambda: instances_probe(r, settings.redis_prefix))
         if checks["redis"]["ok"] and checks["postgres"]["ok"]:
             checks["queue"] = _probe(queue_probe)
         else:

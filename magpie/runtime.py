@@ -37,10 +37,10 @@ def redis_client() -> redis.Redis:
 
 
 def route_queue():
-    """The :class:`magpie.queue.RouteQueue` of this deployment."""
-    from magpie.queue import RouteQueue
+    """The schedule provider of this deployment (``MAGPIE_SCHEDULE_URL``: Redis or PostgreSQL)."""
+    from magpie.queue.provider import create_provider
 
-    return _get("queue", lambda: RouteQueue.from_settings(settings().schedule, redis_client()))
+    return _get("queue", lambda: create_provider(settings().schedule_url, settings(), redis_client=redis_client()))
 
 
 def engine():
@@ -67,9 +67,11 @@ def check_pool():
     def build():
         from magpie import counters
         from magpie.backoff import Backoff
-        from magpie.checker.engine import CheckEngine
+        from magpie.judges.checking import profiled_engine
+        from magpie.judges.ownership import OwnerChanges
         from magpie.checker.limits import checks_within_fd_limit
         from magpie.checkpool import CheckPool
+        from magpie.queue.quarantine import QuarantineSlot
         from magpie.queue.completion import StreamTarget
         from magpie.queue.payload import read_cipher
         from magpie.stats.keys import GROUP, stream_key
@@ -88,13 +90,14 @@ def check_pool():
             counters.record_check_batch(r, prefix, {}, 0, counters.lease_lateness_ms(leases))
 
         pool = CheckPool(
-            route_queue(), CheckEngine.from_settings(checks),
+            route_queue(), profiled_engine(s, engine(), r),
             StreamTarget(stream_key(prefix), GROUP, stream.maxlen, stream.overflow), block_timeout=stream.block_timeout,
             capacity=checks_within_fd_limit(checks.checks_per_process), renew_below_ms=checks.renew_below_ms,
             backoff=Backoff("exponential", checks.retry_base_ms, checks.retry_cap_ms, 2.0, "full"),
             registry=capacity_registry(), record=record, lateness=lateness,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
-            payload_cipher=read_cipher(s))
+            payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix))
+        pool.owner_changes = OwnerChanges(pool.queue, pool.stream, r, prefix)
         return pool.start()
 
     return _get("check_pool", build)

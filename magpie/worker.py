@@ -90,6 +90,9 @@ def _refuse_to_start() -> None:
 
     try:
         verify_key_at_start()
+        from magpie.redis_policy import verify_redis_policy_at_start
+
+        verify_redis_policy_at_start()  # a Redis that may evict schedule keys
     except MagpieError as exc:
         # the process's own stderr: beat has redirected sys.stderr into its log by now
         print(f"Error: {exc}", file=sys.__stderr__ or sys.stderr, flush=True)
@@ -155,3 +158,9 @@ def _serve_metrics(**_kw) -> None:
         log.info("metrics on http://%s:%d/metrics", s.metrics_host, s.metrics_port)
     except OSError as exc:
         log.warning("metrics endpoint not started on %s:%s: %s", s.metrics_host, s.metrics_port, exc)
+
+
+# hooks: modules below connect their own Celery signal handlers when imported
+import magpie.enrich.hooks  # noqa: E402,F401  (GeoIP revision announcements)
+import magpie.instance_hooks  # noqa: E402,F401  (instance heartbeats of workers and beat)
+from magpie import logs, ticks  # noqa: E402,F401 (JSON log format; quiet housekeeping triggers)

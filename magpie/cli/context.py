@@ -63,9 +63,9 @@ class CliState:
 
         Raises the ``layout_mismatch`` refusal when ``PROXY_QUEUE_SHARDS`` differs from the stored schedule.
         """
-        from magpie.queue import RouteQueue
+        from magpie.queue.provider import create_provider
 
-        return RouteQueue.from_settings(self.settings, self.redis)
+        return create_provider(self.settings.schedule_url, self.settings, redis_client=self.redis)
 
     @cached_property
     def keyring(self):

@@ -13,6 +13,7 @@ import click
 
 from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json
+from magpie.cli.queue_lease import register as register_lease_verbs
 from magpie.errors import MagpieError, Refusal, RefusedError
 
 
@@ -80,7 +81,7 @@ def queue() -> None:
     """Operate the route schedule: pause/resume, drain, obliterate, dead letters and per-route verbs.
 
     Refusals exit with status 3 and a typed code: not_paused, active_leases, lease_lost, gone, leased,
-    dead, not_dead, layout_mismatch.
+    dead, not_dead, layout_mismatch; ``claim`` exits 3 (empty) when nothing is claimable.
     """
 
 
@@ -268,13 +269,41 @@ def queue_check_now(state: CliState, route_hash: str, delay: float, as_json: boo
 @json_option
 @pass_state
 def queue_respread(state: CliState, as_json: bool) -> None:
-    """Re-spread every unleased route evenly across MAGPIE_CHECK_INTERVAL (under a leader lock)."""
+    """Re-spread every unleased route evenly across MAGPIE_CHECK_INTERVAL, in bounded batches (under a
+    leader lock), and record it as the schedule's interval."""
     from magpie.leader import LeaderLock
+    from magpie.maintenance.interval import LOCK, respread_now
 
     q = state.queue
-    with LeaderLock(q.r, state.settings.redis_prefix, "respread", ttl_ms=60_000).hold() as lost:
-        result = {"skipped": "another respread holds the leader lock"} if lost is None else q.respread()
+    with LeaderLock(q.r, state.settings.redis_prefix, LOCK, ttl_ms=60_000).hold() as lost:
+        result = ({"skipped": "another respread holds the leader lock"} if lost is None
+                  else respread_now(q, batch=state.settings.respread_batch))
     _emit(as_json, result)
+
+
+@queue.command("interval")
+@json_option
+@pass_state
+def queue_interval(state: CliState, as_json: bool) -> None:
+    """The configured and stored (effective) check interval, and a running respread's progress."""
+    from magpie.maintenance.interval import read_interval_state
+
+    st = read_interval_state(state.queue)
+    if as_json:
+        _emit(True, st)
+        return
+    eff = "unknown (recorded by the interval_respread job)" if st["effective_ms"] is None \
+        else f"{st['effective_ms'] / 1000:g} s"
+    lines = [f"configured: {st['configured_ms'] / 1000:g} s (MAGPIE_CHECK_INTERVAL)", f"effective: {eff}"]
+    run = st["running"]
+    if run:
+        lines.append(f"respreading to {run['target_ms'] / 1000:g} s: shard {min(run['shard'], run['shards'])}/"
+                     f"{run['shards']}, {run['placed']}/{run['total']} routes ({run['percent']:g} %), "
+                     f"{run['moved']} moved, {run['leased']} leased")
+    elif st["last"]:
+        lines.append(f"last respread: {st['last']['moved']} routes moved to {st['last']['to_ms'] / 1000:g} s")
+    lines.append(f"respreads: {st['respreads']}; converged: {'yes' if st['converged'] else 'no'}")
+    _emit(False, "\n".join(lines))
 
 
 @queue.command("rebuild")
@@ -288,4 +317,5 @@ def queue_rebuild(state: CliState, as_json: bool) -> None:
     _emit(as_json, rebuild_schedule(state.settings, engine=state.engine, queue=state.queue))
 
 
+register_lease_verbs(queue)  # claim, heartbeat, complete, in-flight (magpie.cli.queue_lease)
 COMMANDS = [queue]

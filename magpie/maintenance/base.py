@@ -105,9 +105,9 @@ class JobContext:
 
     def queue(self):
         """The deployment's :class:`magpie.queue.RouteQueue` on :attr:`redis`."""
-        from magpie.queue import RouteQueue
+        from magpie.queue.provider import create_provider
 
-        return RouteQueue.from_settings(self.settings, self.redis)
+        return create_provider(self.settings.schedule_url, self.settings, redis_client=self.redis)
 
 
 class Job:

@@ -76,8 +76,8 @@ def rebuild_schedule(
     from magpie.crypto import get_keyring
     from magpie.db.repo import all_route_records
     from magpie.importer.service import schedule_item
-    from magpie.queue import RouteQueue
     from magpie.queue.payload import write_cipher
+    from magpie.queue.provider import create_provider
 
     if engine is None:
         from magpie.db.session import get_engine
@@ -85,7 +85,7 @@ def rebuild_schedule(
         engine = get_engine(settings.database_url)
     if queue is None:
         redis = redis or redis_lib.Redis.from_url(settings.redis_url)
-        queue = RouteQueue.from_settings(settings, redis)
+        queue = create_provider(settings.schedule_url, settings, redis_client=redis)
     if lock:
         from magpie.leader import LeaderLock
 

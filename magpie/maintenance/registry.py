@@ -18,9 +18,14 @@ JOBS: dict[str, Job] = {
         outbox.JOB,
         rebuild.JOB,
         # jobs: operations (interval respread)
+        __import__("magpie.maintenance.interval", fromlist=["JOB"]).JOB,
         # jobs: judges
+        *__import__("magpie.judges.jobs", fromlist=["JOBS"]).JOBS,
         # jobs: enrichment, blacklists
+        __import__("magpie.blacklists.job", fromlist=["JOB"]).JOB,
+        __import__("magpie.enrich.job", fromlist=["JOB"]).JOB,
         # jobs: reputation, rollups, instances
+        *__import__("magpie.derived.jobs", fromlist=["JOBS"]).JOBS,
         # jobs: rotators
     )
 }

@@ -314,30 +314,63 @@ class RouteQueue:
     def respread(self, interval_ms: int | None = None, batch: int = 1000) -> dict[str, int]:
         """Re-spread every unleased route evenly across ``interval_ms`` (default: this queue's interval).
 
-        Run it under the ``respread`` leader lock (``magpie queue respread`` does). Leased routes keep
-        their lease; their completion then applies the new interval. Returns ``{"moved", "leased",
-        "missing"}``.
+        Shard by shard, ``batch`` routes per :meth:`respread_batch` call, so memory stays bounded by one
+        batch whatever the schedule's size. Run it under the ``respread`` leader lock (``magpie queue
+        respread`` does). Leased routes keep their lease; their completion then applies the new interval.
+        Returns ``{"moved", "leased", "missing"}`` (``missing`` is always 0: the walk sees only members).
         """
         interval = int(interval_ms or self.interval_ms)
-        members = []
-        for shard in self.keys.all_shards():
-            members += [(shard, _s(m)) for m in self.r.zrange(shard, 0, -1)]
-        total = len(members) or 1
-        step = interval / total
+        total = self.route_count()
         counts = {"moved": 0, "leased": 0, "missing": 0}
-        by_shard: dict[str, list] = {}
-        for i, (shard, m) in enumerate(members):
-            by_shard.setdefault(shard, []).append((m, int(i * step)))
-        for shard, rows in by_shard.items():
-            for off in range(0, len(rows), batch):
-                args: list = [self._now()]
-                for m, o in rows[off: off + batch]:
-                    args += [m, o]
-                moved, leased, missing = self._one(self.scripts.respread, shard, args)
-                counts["moved"] += int(moved)
-                counts["leased"] += int(leased)
-                counts["missing"] += int(missing)
+        placed = 0
+        for n in range(self.keys.shards):
+            cursor = "0"
+            while True:
+                step = self.respread_batch(n, cursor, count=batch, placed=placed, total=total,
+                                           interval_ms=interval)
+                counts["moved"] += step["moved"]
+                counts["leased"] += step["leased"]
+                placed, cursor = step["placed"], step["cursor"]
+                if cursor == "0":
+                    break
         return counts
+
+    def route_count(self) -> int:
+        """Routes in every shard (scheduled and leased; dead letters are not in the shards)."""
+        pipe = self.r.pipeline(transaction=False)
+        for shard in self.keys.all_shards():
+            pipe.zcard(shard)
+        return sum(int(n) for n in pipe.execute())
+
+    def respread_batch(self, shard: int, cursor: str = "0", *, count: int = 1000, placed: int = 0,
+                       total: int = 1, interval_ms: int | None = None, progress_key: str | None = None,
+                       run: str | None = None) -> dict:
+        """Move one bounded batch of shard number ``shard`` (``lua/respread_batch.lua``).
+
+        Route number ``p`` of a respread (counted over every shard, leased ones included) becomes due at
+        now + ``(p mod total) * interval_ms / total``; leased routes keep their lease.
+
+        Args:
+            shard: shard number, 0..shards-1.
+            cursor: the shard's walk cursor (``"0"`` starts it; the previous reply's ``cursor`` goes on).
+            count: routes per batch (a ZSCAN COUNT hint: a small shard may come whole).
+            placed: routes numbered before this batch; total: routes of the whole respread.
+            interval_ms: spread width in ms (default: this queue's interval).
+            progress_key / run: a hash holding the run's progress; when given, the batch runs only while
+                its ``run`` field equals ``run`` and records ``cursor``, ``placed``, ``moved``, ``leased``
+                and ``shard`` (+1 at the shard's end) there atomically with the move.
+        Returns:
+            ``{"cursor": str ("0": shard done), "moved": int, "leased": int, "placed": int,
+            "superseded": bool}``; ``superseded`` True (nothing changed) when ``run`` no longer matches.
+        """
+        keys = self._core + [self.keys.shard(int(shard))] + ([progress_key] if progress_key else [])
+        args = [self._now(), str(cursor), int(count), int(placed), max(1, int(total)),
+                int(interval_ms or self.interval_ms), run or ""]
+        reply = self.scripts.respread_batch(keys=keys, args=args)
+        if _s(reply[0]) == "superseded":
+            return {"cursor": str(cursor), "moved": 0, "leased": 0, "placed": int(placed), "superseded": True}
+        return {"cursor": _s(reply[0]), "moved": int(reply[1]), "leased": int(reply[2]), "placed": int(reply[3]),
+                "superseded": False}
 
     # -- operator plane -------------------------------------------------------------------------------
     def pause(self) -> None:

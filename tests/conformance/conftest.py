@@ -1,31 +1,62 @@
-"""Conformance suite fixtures: every test runs once per registered queue backend.
+"""Conformance suite fixtures: every test runs once per schedule provider (``redis`` and ``postgresql``).
 
-A backend factory takes ``(redis_client, prefix, interval_ms, lease_ms, clock, **kw)`` and returns an
-object implementing :class:`magpie.queue.backend.QueueBackend`, plus a ``force_due(member, score)``
-test hook that moves a route's due time.
+Fixture API (use these names in any test file of this folder):
+
+* ``make_queue(interval_ms=60_000, lease_ms=60_000, clock=None, **kw)`` builds a fresh, empty provider
+  (``kw``: ``max_stalled``, ``log_limit``, ``shards``); ``clock`` is a :class:`Clock` (or any callable giving
+  Unix ms) used instead of the server clock.
+* ``q``: ``make_queue()`` with the defaults; ``clock``: a fresh :class:`Clock`; ``backend``: the provider's
+  name (``"redis"`` or ``"postgresql"``).
+
+Providers built here carry test hooks on top of :class:`magpie.queue.provider.ScheduleProvider`:
+``force_due(member, score_ms)`` moves a route's due time (dropping a lease), ``put_payload(member, text)``
+overwrites the stored payload behind the provider's back, ``leftovers()`` lists what the schedule still
+stores (keys or rows) and ``drop_payload(member)`` (Redis only: payloads live apart from the schedule).
 """
 
 from __future__ import annotations
 
 import pytest
+import sqlalchemy as sa
 
 from magpie.queue import QueueKeys, RouteQueue
-from magpie.queue.backend import QueueBackend
+from magpie.queue.pg import PgSchedule
+from magpie.queue.provider import ScheduleProvider
 
 
 class RedisBackend(RouteQueue):
+    """:class:`RouteQueue` with the suite's test hooks."""
+
     def force_due(self, member: str, score: float = 1000) -> None:
         shard = self.keys.shard_of(member)
         self.r.zadd(shard, {member: score})
         self.r.zadd(self.keys.heads, {shard: self.r.zrange(shard, 0, 0, withscores=True)[0][1]})
 
+    def put_payload(self, member: str, text: str) -> None:
+        self.r.set(self.keys.payload(member), text)
 
-def redis_backend(client, prefix, interval_ms, lease_ms, clock=None, shards=4, **kw):
-    return RedisBackend(client, QueueKeys(prefix, shards), interval_ms=interval_ms, lease_ms=lease_ms, clock=clock,
-                        **kw)
+    def drop_payload(self, member: str) -> None:
+        self.r.delete(self.keys.payload(member))
+
+    def leftovers(self) -> list:
+        return list(self.r.scan_iter(match=f"*{self.keys.prefix}*"))
 
 
-BACKENDS = {"redis": redis_backend}
+class PgBackend(PgSchedule):
+    """:class:`PgSchedule` with the suite's test hooks (``force_due`` is the provider's own)."""
+
+    def put_payload(self, member: str, text: str) -> None:
+        with self.tx() as cur:
+            cur.execute("UPDATE schedule_routes SET payload = %s WHERE schedule = %s AND route = %s",
+                        (text, self.name, member))
+
+    def leftovers(self) -> list:
+        with self.tx() as cur:
+            out = []
+            for table in ("schedule_routes", "schedule_meta", "schedule_results"):
+                cur.execute(f"SELECT count(*) FROM {table} WHERE schedule = %s", (self.name,))
+                out += [table] * cur.fetchone()[0]
+            return out
 
 
 class Clock:
@@ -41,16 +72,40 @@ class Clock:
         self.now += int(ms)
 
 
-@pytest.fixture(params=sorted(BACKENDS))
-def make_queue(request, redis_client, redis_prefix):
-    factory = BACKENDS[request.param]
+BACKENDS = ("redis", "postgresql")
 
-    def make(interval_ms=60_000, lease_ms=60_000, clock=None, **kw):
-        q = factory(redis_client, redis_prefix, interval_ms, lease_ms, clock, **kw)
-        assert isinstance(q, QueueBackend)
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    """Name of the provider under test."""
+    return request.param
+
+
+@pytest.fixture
+def make_queue(request, backend, redis_client, redis_prefix):
+    built: list = []
+
+    def make(interval_ms=60_000, lease_ms=60_000, clock=None, shards=4, **kw):
+        keys = QueueKeys(redis_prefix, shards)
+        if backend == "redis":
+            q = RedisBackend(redis_client, keys, interval_ms=interval_ms, lease_ms=lease_ms, clock=clock, **kw)
+        else:
+            q = PgBackend(request.getfixturevalue("pg_url"), keys, interval_ms=interval_ms, lease_ms=lease_ms,
+                          clock=clock, redis_client=redis_client, **kw)
+            q.check_layout()
+        assert isinstance(q, ScheduleProvider)
+        built.append(q)
         return q
 
-    return make
+    yield make
+    if backend == "postgresql" and built:
+        engine = sa.create_engine(request.getfixturevalue("pg_url"))
+        with engine.begin() as c:
+            for table in ("schedule_routes", "schedule_meta", "schedule_results"):
+                c.execute(sa.text(f"DELETE FROM {table} WHERE schedule LIKE :p"), {"p": redis_prefix + "%"})
+        engine.dispose()
+        for q in built:
+            q.close()
 
 
 @pytest.fixture

@@ -68,9 +68,8 @@ class Model:
             stalled = prev % 1 == 0.5
             if stalled and self.started.pop(m, None) == prev:
                 self.suspect[m] = self.suspect.get(m, 0) + 1
-                if self.suspect[m] > 1:
-                    self.stalls[m] = self.stalls.get(m, 0) + 1
-                if self.stalls.get(m, 0) > self.max_stalled:
+                self.stalls[m] = self.stalls.get(m, 0) + 1
+                if self.stalls[m] > self.max_stalled and self.suspect[m] > 2:  # last stall: alone
                     del self.score[m]
                     self.dead[m] = self.now
                     continue

@@ -1,8 +1,9 @@
 """The dead-letter rule: a route is dead-lettered only for stalls its own check caused.
 
-A lease that never started checking counts nothing when it expires; a route's first started stall
-only puts it under suspicion (its process may have died for a neighbour); from its second it is in
-quarantine (``alone``: dispatched and checked alone) and each stall counts toward ``max_stalled``.
+A lease that never started checking counts nothing when it expires. Every started stall counts; the
+first since the last completion only makes the route a suspect (its process may have died for a
+neighbour, so it is re-run as usual); from the second it is in quarantine (``alone``: dispatched and
+checked alone). More than ``max_stalled`` stalls in a row, one at least in quarantine, dead-letter it.
 """
 
 from __future__ import annotations
@@ -59,18 +60,19 @@ def test_neighbours_of_a_crash_are_suspected_but_never_counted_unless_they_crash
             break
     [dead] = q.dead_letters()
     assert dead["member"] == poison and dead["alone"] is True and dead["stalls"] == 4
-    assert claims[poison] == 3 + 1 + 1  # max_stalled + 1 claims in quarantine, after the suspect claim
+    assert claims[poison] == 3 + 1  # dead-lettered within max_stalled + 1 claims
     assert all(q.inspect(m)["stalls"] == 0 and q.inspect(m)["state"] != "dead" for m in members[1:])
 
 
 def test_a_suspect_neighbour_that_completes_alone_leaves_quarantine(make_queue, clock):
-    q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
     [h], got = due_batch(q, clock, 1)
     q.mark_started(got)
     [le] = expire(q, clock, 1)
+    assert not le.alone and q.inspect(h)["stalls"] == 1  # a suspect: re-run as usual
     q.mark_started([le])
-    [le] = expire(q, clock, 1)  # second started stall: alone now, and counted
-    assert le.alone and q.inspect(h)["stalls"] == 1
+    [le] = expire(q, clock, 1)  # second started stall: alone now
+    assert le.alone and q.inspect(h)["stalls"] == 2
     q.complete_one(le)
     assert q.inspect(h)["stalls"] == 0
     clock.advance(q.interval_ms + 1)
@@ -90,7 +92,7 @@ def test_release_forgets_the_start_but_keeps_the_suspicion(make_queue, clock):
     [le] = q.pop(1)
     assert le.alone and not le.stalled  # still in quarantine
     [le] = expire(q, clock, 1)  # expired without a start mark: not counted
-    assert q.inspect(h)["stalls"] == 1 and le.alone
+    assert q.inspect(h)["stalls"] == 2 and le.alone
 
 
 def test_a_renewal_moves_the_start_mark_to_the_new_lease(make_queue, clock):
@@ -102,4 +104,4 @@ def test_a_renewal_moves_the_start_mark_to_the_new_lease(make_queue, clock):
     [le2] = expire(q, clock, 1)  # the renewed lease expired: evidence (suspicion)
     q.mark_started([le2])
     [le3] = expire(q, clock, 1)
-    assert le3.alone and q.inspect(h)["stalls"] == 1
+    assert le3.alone and q.inspect(h)["stalls"] == 2

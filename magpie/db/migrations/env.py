@@ -22,10 +22,16 @@ import magpie.fencing  # noqa: E402,F401
 import magpie.maintenance.models  # noqa: E402,F401
 import magpie.outbox.models  # noqa: E402,F401
 # models: schedule backend
+import magpie.queue.pg.models  # noqa: E402,F401
 # models: judges, profiles, failures
+import magpie.judges.models  # noqa: E402,F401
 # models: enrichment, blacklists
+import magpie.blacklists.models  # noqa: E402,F401
+import magpie.enrich.models  # noqa: E402,F401
 # models: reputation, rollups, instances
+import magpie.derived.models  # noqa: E402,F401
 # models: rotators
+import magpie.rotator.models  # noqa: E402,F401
 
 config = context.config
 target_metadata = Base.metadata
@@ -42,6 +48,10 @@ def _include_object(obj, name, type_, reflected, compare_to):
 
 def _url() -> str:
     url = config.attributes.get("url") or config.get_main_option("sqlalchemy.url")
+    if not url:  # the alembic CLI (alembic.ini names no URL): the same setting as magpie
+        from magpie.config import load_settings
+
+        url = load_settings().database_url
     if not url:
         raise RuntimeError("no database URL: set config.attributes['url'] or sqlalchemy.url")
     return url
