@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup services demo test test-all bench clean
+.PHONY: setup services tools demo test test-all bench clean
 
 setup: $(VENV)/.installed
 
@@ -17,13 +17,16 @@ $(VENV)/.installed: pyproject.toml
 services:
 	@bash scripts/services.sh
 
+tools:
+	@bash scripts/test_tools.sh
+
 demo: setup services
 	$(PY) -m magpie.demo
 
-test: setup services
+test: setup services tools
 	$(PY) -m pytest -m "not slow"
 
-test-all: setup services
+test-all: setup services tools
 	$(PY) -m pytest
 
 bench: setup services

@@ -12,6 +12,7 @@ and, for scale, hashing and encryption alone. The database is dropped afterwards
 from __future__ import annotations
 
 import argparse
+import os
 import time
 import uuid
 
@@ -22,7 +23,8 @@ from magpie.db.migrate import ensure_database, upgrade
 from magpie.db.repo import upsert_routes
 from magpie.routes import Route
 
-ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+# the server of MAGPIE_DATABASE_URL; the benchmark creates and drops its own database there
+ADMIN = os.environ.get("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x").rsplit("/", 1)[0] + "/postgres"
 
 
 def make_routes(n: int, creds_ratio: float) -> list[Route]:

@@ -68,8 +68,10 @@ import sqlalchemy as sa
 ROOT = Path(__file__).resolve().parents[1]
 LAB_ROOT = ROOT  # code of the judge, the fault servers and the harness's own magpie imports (the snapshot)
 PY = sys.executable
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-PG_BASE = "postgresql+psycopg2://postgres@127.0.0.1:5432/"
+# the servers come from the product's settings (each run keeps its own key prefixes and database on them)
+_REDIS = redis.connection.parse_url(os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+REDIS_HOST, REDIS_PORT = _REDIS.get("host", "127.0.0.1"), int(_REDIS.get("port", 6379))
+PG_BASE = os.environ.get("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x").rsplit("/", 1)[0] + "/"
 BENCH_KEY = "pipeline-bench-key-0123456789abcdef"
 WORKSPACE = "bench"
 SAMPLE_S = 0.5
@@ -622,6 +624,11 @@ class Run:
         if rep.get("invalid") or rep.get("imported") != len(lines):
             raise RuntimeError(f"import stored {rep.get('imported')} of {len(lines)} routes: {rep.get('invalid')[:3]}")
         say(f"  db {self.db} migrated, {len(lines)} routes imported in {time.monotonic() - t:.1f}s")
+        if args.profiles and self.tree.path_name == "engine":  # a two-judge pool and a workspace profile
+            for url in (judge_url, judge_url + "?pool=2"):
+                self.magpie_cli(env, "judges", "add", url)
+            self.magpie_cli(env, "profiles", "set", WORKSPACE, "--timeout", f"{s.timeout:g}",
+                            "--attempts", str(s.attempts))
         self.pg_engine = sa.create_engine(PG_BASE + self.db, poolclass=sa.pool.NullPool)
 
         names = self.tree.procfile_names()
@@ -937,6 +944,9 @@ def header(args, specs, trees) -> None:
         extra = (f" (HEAD {head}{' + uncommitted changes' if dirty else ''})"
                  if t.path_name == "engine" and "work tree" in t.ref else "")
         out(f"# path={t.path_name} tree={t.root} ref={t.ref}{extra} processes={','.join(t.procfile_names())}")
+    if args.profiles:
+        out("# engine: --profiles: a two-judge global pool (the judge under two URLs) and a check profile on the "
+            "workspace (per-owner attribution and failure streaks on)")
     out(f"# engine: MAGPIE_CHECKS_PER_PROCESS={args.checks_per_process}, Procfile defaults otherwise "
         f"(MAGPIE_CHECK_CONCURRENCY 2 check processes); threads: its Procfile defaults (4 check processes, "
         f"16 threads per message, MAGPIE_MAX_INFLIGHT 10000); Redis db {args.redis_db} (schedule + broker, "
@@ -967,6 +977,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attempts", type=int, help="MAGPIE_CHECK_ATTEMPTS of every population")
     ap.add_argument("--quick", action="store_true", help="small populations and short windows (smoke run)")
     ap.add_argument("--skip-baseline", action="store_true", help="measure the engine path only")
+    ap.add_argument("--profiles", action="store_true",
+                    help="engine path with a two-judge pool and a check profile on the workspace")
     ap.add_argument("--baseline-ref", default="daf0a42", help="git ref of the thread-based baseline")
     ap.add_argument("--checks-per-process", type=int, default=10_000, help="engine MAGPIE_CHECKS_PER_PROCESS")
     ap.add_argument("--fault-labs", type=int, default=2, choices=range(1, len(LAB_HOST_BASES) + 1),

@@ -8,8 +8,13 @@ intends, and stops everything it started. Exit status 0 when every route matches
 It needs a checkout of the repository and the ``dev`` and ``lab`` extras (``make setup`` installs them);
 run elsewhere it says so in one line and exits with status 2.
 
-Uses its own Redis key prefix (``magpie-demo:``), broker database and PostgreSQL database
-(``magpie_demo``), all reset at start, so it never touches a real deployment's data.
+Settings come from the environment like the product's: exported ``MAGPIE_*`` variables win over the
+demo's defaults (a short check interval and timeouts, below), so the demo can be pointed at other servers.
+What identifies its data is always its own: the Redis key prefix ``MAGPIE_DEMO_PREFIX`` (default
+``magpie-demo:``) for the schedule and, as kombu's key prefix, for a Redis broker; and the PostgreSQL
+database ``MAGPIE_DEMO_DATABASE`` (default ``magpie_demo``) on the server of ``MAGPIE_DATABASE_URL``. At
+start it deletes only keys under its prefix and drops the database only if the demo created it (it
+marks it with a comment); it never flushes a Redis database.
 """
 
 from __future__ import annotations
@@ -24,11 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".demo"
-DEMO_ENV = {
+DEMO_DEFAULTS = {
     "MAGPIE_REDIS_URL": "redis://127.0.0.1:6379/0",
-    "MAGPIE_REDIS_PREFIX": "magpie-demo:",
-    "MAGPIE_BROKER_URL": "redis://127.0.0.1:6379/2",
-    "MAGPIE_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/magpie_demo",
+    "MAGPIE_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres",
     "MAGPIE_CHECK_ALLOW_PRIVATE": "127.0.0.0/8",  # the lab is on loopback
     "MAGPIE_CHECK_INTERVAL": "8",
     "MAGPIE_CHECK_TIMEOUT": "6",
@@ -38,6 +41,9 @@ DEMO_ENV = {
     "MAGPIE_BEAT_SCHEDULE_FILE": str(STATE / "celerybeat-schedule"),
     "MAGPIE_LOG_LEVEL": "info",  # goes to .demo/celery.log
 }
+"""Used where the environment does not set the variable."""
+DB_MARK = "created by magpie make demo"
+"""Comment the demo puts on its database; it drops only a database carrying it."""
 CHECKS_WANTED = 2
 DEADLINE_S = 150
 
@@ -46,25 +52,104 @@ def _say(msg: str) -> None:
     print(f"[demo] {msg}", flush=True)
 
 
+def demo_env(environ) -> dict[str, str]:
+    """The variables the demo runs with, from ``environ`` (a mapping such as ``os.environ``).
+
+    Exported values win over :data:`DEMO_DEFAULTS`. The identity is the demo's own whatever was exported:
+    ``MAGPIE_REDIS_PREFIX`` = ``MAGPIE_DEMO_PREFIX``; ``MAGPIE_DATABASE_URL`` names
+    ``MAGPIE_DEMO_DATABASE`` on the exported server; the broker is the exported Redis broker (else the
+    schedule's ``MAGPIE_REDIS_URL``) under the key prefix ``<demo prefix>broker:``. A non-Redis broker is
+    replaced so (its queues could not be kept apart from another deployment's).
+
+    Returns the variables to set. Raises :class:`magpie.config.ConfigError` for a bad
+    ``MAGPIE_DEMO_PREFIX``/``MAGPIE_DEMO_DATABASE``, or a demo prefix equal to the product's default.
+    """
+    from sqlalchemy.engine import make_url
+
+    from magpie.config import ConfigError, Settings, load_settings
+
+    env = {k: environ.get(k, v) for k, v in DEMO_DEFAULTS.items()}
+    ids = load_settings(demo_prefix=environ.get("MAGPIE_DEMO_PREFIX", "magpie-demo:"),
+                        demo_database=environ.get("MAGPIE_DEMO_DATABASE", "magpie_demo"))
+    prefix = ids.demo_prefix
+    if prefix == Settings.model_fields["redis_prefix"].default:
+        raise ConfigError(f"MAGPIE_DEMO_PREFIX: {prefix!r} is the product's own prefix; the demo resets "
+                          "everything under its prefix, so pick another")
+    env["MAGPIE_REDIS_PREFIX"] = prefix
+    url = make_url(env["MAGPIE_DATABASE_URL"]).set(database=ids.demo_database)
+    env["MAGPIE_DATABASE_URL"] = url.render_as_string(hide_password=False)
+    broker = environ.get("MAGPIE_BROKER_URL", "")
+    env["MAGPIE_BROKER_URL"] = broker if broker.startswith(("redis://", "rediss://")) else env["MAGPIE_REDIS_URL"]
+    env["MAGPIE_BROKER_KEY_PREFIX"] = prefix + "broker:"
+    return env
+
+
 def _reset(settings) -> None:
+    """Delete the demo's keys (schedule and broker, all under its prefix) and its own database."""
     import redis
+
+    for url in {settings.redis_url, settings.broker_url}:
+        r = redis.Redis.from_url(url)
+        for pattern in (settings.redis_prefix + "*", "{" + settings.redis_prefix + "*"):
+            batch = []
+            for key in r.scan_iter(match=pattern, count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    r.delete(*batch)
+                    batch.clear()
+            if batch:
+                r.delete(*batch)
+        r.close()
+    _drop_own_database(settings.database_url)
+
+
+def _admin(url):
     import sqlalchemy as sa
     from sqlalchemy.engine import make_url
 
-    r = redis.Redis.from_url(settings.redis_url)
-    for pattern in (settings.redis_prefix + "*", "*" + settings.redis_prefix + "*"):
-        keys = list(r.scan_iter(match=pattern, count=1000))
-        if keys:
-            r.delete(*keys)
-    b = redis.Redis.from_url(settings.broker_url)
-    b.flushdb()  # the demo's own broker database
-    url = make_url(settings.database_url)
-    admin = sa.create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                  {"n": url.database})
-        c.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}"'))
-    admin.dispose()
+    return sa.create_engine(make_url(url).set(database="postgres"), isolation_level="AUTOCOMMIT",
+                            poolclass=sa.pool.NullPool)
+
+
+def _drop_own_database(url: str) -> None:
+    """Drop the database named in ``url`` if the demo created it; refuse (one line, exit 2) a foreign one."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    name = make_url(url).database
+    admin = _admin(url)
+    try:
+        with admin.connect() as c:
+            row = c.execute(sa.text("SELECT shobj_description(oid, 'pg_database') FROM pg_database "
+                                    "WHERE datname = :n"), {"n": name}).first()
+            if row is None:
+                return
+            if row[0] != DB_MARK:
+                print(f"[demo] database {name} exists and was not created by the demo: set MAGPIE_DEMO_DATABASE "
+                      "to another name (the demo drops only its own database)", file=sys.stderr)
+                raise SystemExit(2)
+            c.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                      {"n": name})
+            c.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+    finally:
+        admin.dispose()
+
+
+def _create_own_database(url: str) -> None:
+    """Create the demo's database and mark it as the demo's (see :data:`DB_MARK`)."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    from magpie.db.migrate import ensure_database
+
+    ensure_database(url)
+    name = make_url(url).database
+    admin = _admin(url)
+    try:
+        with admin.connect() as c:
+            c.execute(sa.text(f"COMMENT ON DATABASE \"{name}\" IS '{DB_MARK}'"))
+    finally:
+        admin.dispose()
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -106,7 +191,11 @@ def main() -> int:
         print(f"[demo] {why}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)  # run the finally blocks: stop Celery and the lab
-    os.environ.update(DEMO_ENV)
+    try:
+        os.environ.update(demo_env(os.environ))
+    except Exception as exc:  # noqa: BLE001 - a bad MAGPIE_DEMO_* value: one line
+        print(f"[demo] {exc}", file=sys.stderr)
+        return 2
     STATE.mkdir(exist_ok=True)
     from magpie.lab.lab import Lab
 
@@ -114,7 +203,7 @@ def main() -> int:
         os.environ["MAGPIE_JUDGE_URL"] = lab.judge_url
         from magpie.config import get_settings
         from magpie.crypto import get_keyring
-        from magpie.db.migrate import ensure_database, upgrade
+        from magpie.db.migrate import upgrade
         from magpie.db.repo import latest_health
         from magpie.db.session import get_engine
         from magpie.importer.service import import_file
@@ -122,7 +211,7 @@ def main() -> int:
         settings = get_settings()
         _say(f"lab up: judge {lab.judge_url}, {len(lab.proxies)} routes")
         _reset(settings)
-        ensure_database(settings.database_url)
+        _create_own_database(settings.database_url)
         upgrade(settings.database_url)
         _say("database migrated")
         list_file = STATE / "lab-proxies.txt"
@@ -145,7 +234,8 @@ def main() -> int:
         try:
             t0 = time.monotonic()
             last_done = -1
-            while time.monotonic() - t0 < DEADLINE_S:
+            deadline = max(DEADLINE_S, CHECKS_WANTED * settings.check_interval + 90)
+            while time.monotonic() - t0 < deadline:
                 time.sleep(2)
                 if honcho.poll() is not None:
                     _say("the Celery processes exited early; see the log")

@@ -2,7 +2,8 @@
 
 Alembic is configured in code (no ini file needed): ``script_location`` is the ``migrations`` directory
 next to this module, so it works from a checkout and from an installed package alike. These functions
-back ``magpie db upgrade`` (``ensure_database`` then ``upgrade``) and the test fixtures.
+back ``magpie db upgrade|downgrade|current|history|check`` and the test fixtures. The ``alembic.ini`` at
+the repository root serves the plain ``alembic`` tool; both run the same ``env.py``.
 """
 
 from __future__ import annotations
@@ -124,3 +125,51 @@ def head_revision() -> str:
     if head is None:  # pragma: no cover - the package always ships revisions
         raise RuntimeError(f"no Alembic revisions found in {MIGRATIONS_DIR}")
     return head
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` (``"base"`` drops every table; ``"-1"`` one step).
+
+    Raises:
+        sqlalchemy.exc.OperationalError: the database is unreachable.
+        alembic.util.exc.CommandError: ``revision`` is unknown or above the current one.
+    """
+    command.downgrade(alembic_config(url), revision)
+
+
+def history() -> list[dict]:
+    """The shipped revisions, newest first: ``[{"revision", "down_revision", "doc", "head"}]``; no database."""
+    script = ScriptDirectory.from_config(alembic_config())
+    heads = set(script.get_heads())
+    return [
+        {"revision": rev.revision, "down_revision": rev.down_revision, "doc": (rev.doc or "").strip(),
+         "head": rev.revision in heads}
+        for rev in script.walk_revisions()
+    ]
+
+
+def schema_diff(url: str) -> list:
+    """What autogenerate would change to make the database at ``url`` match the models (empty: in step).
+
+    Runs ``env.py`` (so every models module it imports, and its filter of ``check_history`` partitions,
+    apply) and :func:`alembic.autogenerate.compare_metadata` on its migration context; changes nothing.
+
+    Returns:
+        Alembic diff tuples, e.g. ``[("remove_index", Index(...))]``; an empty list when in step.
+    Raises:
+        sqlalchemy.exc.OperationalError: the database is unreachable.
+    """
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.environment import EnvironmentContext
+
+    cfg = alembic_config(url)
+    script = ScriptDirectory.from_config(cfg)
+    found: list = []
+
+    def _compare(_rev, context):
+        found.extend(compare_metadata(context, context.opts["target_metadata"]))
+        return []  # no migration steps: read only
+
+    with EnvironmentContext(cfg, script, fn=_compare):
+        script.run_env()
+    return found

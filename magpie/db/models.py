@@ -96,6 +96,10 @@ class CheckHistory(Base):
     __tablename__ = "check_history"
     __table_args__ = (
         sa.Index("ix_check_history_route_id_checked_at", "route_id", sa.text("checked_at DESC")),
+        # time-range scans of retention and compaction
+        sa.Index("ix_check_history_checked_at_brin", "checked_at", postgresql_using="brin"),
+        # rows that still carry a response body (body blanking walks it; a blanked row leaves it)
+        sa.Index("ix_check_history_body_checked_at", "checked_at", postgresql_where=sa.text("body IS NOT NULL")),
         {"postgresql_partition_by": "RANGE (checked_at)"},
     )
 
@@ -147,7 +151,12 @@ class StatsLedger(Base):
     """Replay protection: one row per Redis Stream entry id whose result was applied (same transaction)."""
 
     __tablename__ = "stats_ledger"
-    __table_args__ = (sa.Index("ix_stats_ledger_committed_at", "committed_at"),)
+    __table_args__ = (
+        sa.Index("ix_stats_ledger_committed_at", "committed_at"),
+        # the numeric order of stream ids (retirement below the replay floor)
+        sa.Index("ix_stats_ledger_stream_order", sa.text("(split_part(stream_id, '-', 1)::bigint)"),
+                 sa.text("(split_part(stream_id, '-', 2)::bigint)")),
+    )
 
     stream_id: Mapped[str] = mapped_column(sa.Text, primary_key=True)
     committed_at: Mapped[datetime] = mapped_column(
