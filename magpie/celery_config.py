@@ -10,6 +10,8 @@ from datetime import timedelta
 
 from kombu import Queue
 
+from magpie import ticks
+
 QUEUES = ("promote", "checks", "stats", "alerts", "delivery", "email", "maintenance")
 
 
@@ -67,8 +69,10 @@ def build(settings=None) -> dict:
             "magpie.email.*": {"queue": "email", "routing_key": "email"},
         },
         # A check task only admits its leases into the process's check pool; the limits are the last guard.
-        "task_annotations": {"magpie.check_routes": {"soft_time_limit": s.lease_seconds,
-                                                      "time_limit": s.lease_seconds + 30}},
+        # Housekeeping triggers send no task events unless they did work (magpie.ticks): Flower shows work.
+        "task_annotations": {**ticks.annotations(),
+                             "magpie.check_routes": {"soft_time_limit": s.lease_seconds,
+                                                     "time_limit": s.lease_seconds + 30}},
         # Check messages are acked on receipt: a lost message costs a lease expiry, never a route.
         "task_acks_late": False,
         "worker_prefetch_multiplier": 1,

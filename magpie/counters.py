@@ -9,7 +9,9 @@ This module imports nothing of magpie: it sits below everything that counts.
 
 Hash fields of ``<prefix>metrics:counters``: ``checks:<outcome>``, ``stale``,
 ``lateness:b:<upper bound in s>`` (one per fixed bucket, not cumulative, ``+Inf`` last),
-``lateness:sum_ms``, ``lateness:count``, ``stats_dropped:<policy>``.
+``lateness:sum_ms``, ``lateness:count``, ``stats_dropped:<policy>``, and the check latency that
+ingestion observes as it stores results (:func:`record_check_latency`): ``latency:b:<bound>``,
+``latency:sum_ms``, ``latency:count`` (alive checks only: a dead check has no latency).
 """
 
 from __future__ import annotations
@@ -41,15 +43,21 @@ LATENESS_BUCKETS: tuple[float, ...] = (
 )
 """Upper bounds in seconds of the check-lateness histogram buckets (``+Inf`` is implied)."""
 
+LATENCY_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
+"""Upper bounds in seconds of the check-latency histogram buckets (``+Inf`` is implied)."""
+
+CHECK_OUTCOMES: tuple[str, ...] = ("alive", "dead", "lease_lost", "aborted", "malformed", "retried")
+"""Every outcome :func:`check_outcomes` counts (the exporter shows each, zero until counted)."""
+
 
 def counters_key(prefix: str) -> str:
     """Key of the Redis hash holding the producer-side counters: ``f"{prefix}metrics:counters"``."""
     return f"{prefix}metrics:counters"
 
 
-def _bucket_field(seconds: float) -> str:
-    i = bisect.bisect_left(LATENESS_BUCKETS, seconds)
-    return "lateness:b:" + (repr(LATENESS_BUCKETS[i]) if i < len(LATENESS_BUCKETS) else "+Inf")
+def _bucket_field(seconds: float, bounds: Sequence[float] = LATENESS_BUCKETS, head: str = "lateness") -> str:
+    i = bisect.bisect_left(bounds, seconds)
+    return f"{head}:b:" + (repr(bounds[i]) if i < len(bounds) else "+Inf")
 
 
 def record_check_batch(
@@ -115,6 +123,43 @@ def count_stats_drops(redis: redis_lib.Redis, prefix: str, policy: str, dropped:
         log.warning("could not count %d dropped results: %s", dropped, exc)
 
 
+def record_check_latency(redis: redis_lib.Redis, prefix: str, latencies_ms: Iterable[float | None]) -> bool:
+    """Add stored check results' latencies to the check-latency histogram, in one pipelined round trip.
+
+    Called by ingestion once a batch of results is committed to PostgreSQL (never on the check path).
+
+    Args:
+        redis: client on the schedule's Redis.
+        prefix: key prefix.
+        latencies_ms: per stored result, its latency in **milliseconds**; ``None`` (a dead check: no
+            latency measured) is skipped.
+    Returns:
+        True when recorded (or nothing to record); False when Redis refused (logged, never raised).
+    """
+    fields: dict[str, int] = {}
+    total = 0.0
+    for ms in latencies_ms:
+        if ms is None:
+            continue
+        f = _bucket_field(max(0.0, float(ms)) / 1000.0, LATENCY_BUCKETS, "latency")
+        fields[f] = fields.get(f, 0) + 1
+        total += float(ms)
+    if not fields:
+        return True
+    key = counters_key(prefix)
+    pipe = redis.pipeline(transaction=False)
+    for f, n in fields.items():
+        pipe.hincrby(key, f, n)
+    pipe.hincrbyfloat(key, "latency:sum_ms", total)
+    pipe.hincrby(key, "latency:count", sum(fields.values()))
+    try:
+        pipe.execute()
+        return True
+    except redis_lib.RedisError as exc:
+        log.warning("could not record check latency: %s", exc)
+        return False
+
+
 def lease_lateness_ms(leases: Iterable, now_ms: float | None = None) -> list[float]:
     """Lateness of each claimed route: start time minus due time, in ms.
 
@@ -166,47 +211,51 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _histogram(raw: Mapping[str, str], head: str, bounds: Sequence[float]) -> dict:
+    """Cumulative buckets, sum (s) and count of the histogram whose fields start with ``head``."""
+    cum = 0
+    buckets: list[tuple[float, int]] = []
+    for b in (*bounds, float("inf")):
+        cum += int(raw.get(f"{head}:b:" + ("+Inf" if b == float("inf") else repr(b)), 0))
+        buckets.append((b, cum))
+    return {
+        "buckets": buckets,
+        "sum_s": float(raw.get(f"{head}:sum_ms", 0.0)) / 1000.0,
+        "count": int(raw.get(f"{head}:count", 0)),
+    }
+
+
 def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
     """Decode the counters hash.
 
     Returns:
-        ``{"checks": {outcome: int}, "stale": int, "dropped": {policy: int}, "lateness": {"buckets":
-        [(upper bound s or inf, cumulative count)], "sum_s": float, "count": int}}``.
+        ``{"checks": {outcome: int}, "stale": int, "dropped": {policy: int}, "lateness": H,
+        "latency": H}`` (latency: alive checks as stored by ingestion), where ``H`` is ``{"buckets":
+        [(upper bound s or inf, cumulative count)], "sum_s": float, "count": int}``; only outcomes and
+        policies counted at least once appear.
     Raises:
         redis.RedisError: Redis unavailable.
     """
     raw = {_s(k): _s(v) for k, v in redis.hgetall(counters_key(prefix)).items()}
     checks: dict[str, int] = {}
     dropped: dict[str, int] = {}
-    per_bucket: dict[str, int] = {}
     for k, v in raw.items():
         if k.startswith("checks:"):
             checks[k[7:]] = int(v)
         elif k.startswith("stats_dropped:"):
             dropped[k[14:]] = int(v)
-        elif k.startswith("lateness:b:"):
-            per_bucket[k[11:]] = int(v)
-    cum = 0
-    buckets: list[tuple[float, int]] = []
-    for b in LATENESS_BUCKETS:
-        cum += per_bucket.get(repr(b), 0)
-        buckets.append((b, cum))
-    cum += per_bucket.get("+Inf", 0)
-    buckets.append((float("inf"), cum))
     return {
         "checks": checks,
         "stale": int(raw.get("stale", 0)),
         "dropped": dropped,
-        "lateness": {
-            "buckets": buckets,
-            "sum_s": float(raw.get("lateness:sum_ms", 0.0)) / 1000.0,
-            "count": int(raw.get("lateness:count", 0)),
-        },
+        "lateness": _histogram(raw, "lateness", LATENESS_BUCKETS),
+        "latency": _histogram(raw, "latency", LATENCY_BUCKETS),
     }
 
 
-
 __all__ = [
+    "CHECK_OUTCOMES",
+    "LATENCY_BUCKETS",
     "LATENESS_BUCKETS",
     "check_outcomes",
     "count_stats_drops",
@@ -214,4 +263,5 @@ __all__ = [
     "lease_lateness_ms",
     "read_counters",
     "record_check_batch",
+    "record_check_latency",
 ]

@@ -10,24 +10,38 @@ exposes, and adds nothing of its own to what they return:
   :func:`magpie.stats.upkeep.replay_floor`;
 * leader locks: :func:`magpie.leader.locks_held` over the maintenance jobs' locks
   (:data:`magpie.maintenance.registry.JOBS`) and :data:`magpie.leader.STANDING_LOCKS`;
-* maintenance passes: :func:`magpie.maintenance.runner.read_job_status`.
+* maintenance passes: :func:`magpie.maintenance.runner.read_job_status`, one series per registered job
+  (zero for a job that never ran, so staleness alerts see it) and its cadence;
+* what the product measures: alive routes by protocol, anonymity and workspace (one bounded
+  ``GROUP BY`` on ``route_health``) and the latency of stored checks (a histogram that ingestion fills,
+  :func:`magpie.counters.record_check_latency`);
+* deliveries: webhook deliveries and outbox emails per status. This and the alive routes are whole-table
+  aggregates, reused for ``MAGPIE_METRICS_ROUTE_CACHE`` seconds.
+
+Known label sets (check outcomes, overflow policies, registered jobs) are exported at zero before
+anything is counted. The maintenance job's label is ``maintenance_job``, not ``job``, which Prometheus
+reserves for the scrape target.
 
 ``magpie metrics --port N`` serves it as a standalone process; a Celery worker started with
 ``MAGPIE_METRICS_PORT`` serves the same collector from its main process (see the worker hook in
-:mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one.
+:mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one. The same
+server answers ``/livez`` and ``/readyz`` (:mod:`magpie.probes`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
+import typing
 
 import redis as redis_lib
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from magpie.counters import read_counters
+from magpie.counters import CHECK_OUTCOMES, read_counters
 from magpie.leader import STANDING_LOCKS, locks_held
+from magpie.maintenance.interval import interval_families
 from magpie.maintenance.registry import JOBS
 from magpie.maintenance.runner import read_job_status
 from magpie.queue import QueueKeys, RouteQueue
@@ -80,6 +94,7 @@ class MagpieCollector:
         self._redis = redis
         self._engine = engine
         self._lock = threading.Lock()
+        self._routes_cache: tuple[float, list] | None = None  # (monotonic time, families)
 
     @property
     def redis(self) -> redis_lib.Redis:
@@ -127,14 +142,23 @@ class MagpieCollector:
         yield from _counter_families(read_counters(r, prefix))
         yield from _stream_families(r, prefix)
         s = self.settings
-        # Built directly, not by RouteQueue.from_settings: a scrape only reads (no layout check, no write).
-        queue = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
+        if (s.schedule_url or "").startswith("postgresql"):
+            from magpie.queue.provider import create_provider
+
+            queue = create_provider(s.schedule_url, s, redis_client=r)
+        else:
+            # Built directly, not by RouteQueue.from_settings: a scrape only reads (no layout check, no write).
+            queue = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
         yield from _queue_families(queue.status())
+        yield from interval_families(queue)
+        from magpie.judges.metrics import cache_families
+
+        yield from cache_families(r, prefix)
 
     @staticmethod
     def _leaders(r: redis_lib.Redis, prefix: str) -> GaugeMetricFamily:
         leader = GaugeMetricFamily(
-            "magpie_leader_job_active", "1 while some process holds the job's leader lock", labels=["job"]
+            "magpie_leader_job_active", "1 while some process holds the leader lock", labels=["lock"]
         )
         locks = {name: job.lock for name, job in JOBS.items()} | {name: name for name in STANDING_LOCKS}
         for name, held in zip(locks, locks_held(r, prefix, list(locks.values()))):
@@ -143,32 +167,144 @@ class MagpieCollector:
 
     # -- PostgreSQL ------------------------------------------------------------------------------------
     def _pg_metrics(self):
-        rows = read_job_status(self.engine)
-        last_ok = GaugeMetricFamily(
-            "magpie_maintenance_last_success_timestamp_seconds",
-            "End of the job's last successful pass",
-            labels=["job"],
-        )
-        last_start = GaugeMetricFamily(
-            "magpie_maintenance_last_start_timestamp_seconds", "Start of the job's last pass", labels=["job"]
-        )
-        failures = CounterMetricFamily("magpie_maintenance_failures", "Failed passes", labels=["job"])
-        runs = CounterMetricFamily("magpie_maintenance_runs", "Passes started", labels=["job"])
-        for row in rows:
-            job = row["job"]
-            if row["last_success_at"] is not None:
-                last_ok.add_metric([job], row["last_success_at"].timestamp())
-            if row["last_started_at"] is not None:
-                last_start.add_metric([job], row["last_started_at"].timestamp())
-            failures.add_metric([job], row["failures_total"])
-            runs.add_metric([job], row["runs_total"])
-        return [last_ok, last_start, failures, runs]
+        from magpie.judges.metrics import judge_families
+
+        yield from _maintenance_families(self.settings, read_job_status(self.engine))
+        with self.engine.connect() as conn:
+            yield from judge_families(conn)
+        yield from self._route_families()
+        created = _deployment_created(self.engine)
+        if created is not None:
+            yield GaugeMetricFamily(
+                "magpie_deployment_created_timestamp_seconds",
+                "When the deployment's key fingerprint was first recorded (its first start)",
+                value=created,
+            )
+
+    def _route_families(self) -> list:
+        """Alive-route and delivery families (whole-table aggregates), from the cache while it is younger
+        than ``MAGPIE_METRICS_ROUTE_CACHE`` seconds."""
+        ttl = self.settings.metrics_route_cache
+        cached = self._routes_cache
+        if cached is not None and time.monotonic() - cached[0] < ttl:
+            return cached[1]
+        fams = _route_families(self.engine, self.settings.metrics_route_series)
+        fams.append(_delivery_family(self.engine))
+        self._routes_cache = (time.monotonic(), fams)
+        return fams
+
+
+_ALIVE_ROUTES = """
+    SELECT r.protocol, COALESCE(h.anonymity, 'unknown'), w.name, count(*)
+    FROM route_health h
+    JOIN routes r ON r.id = h.route_id
+    JOIN route_workspaces rw ON rw.route_id = h.route_id
+    JOIN workspaces w ON w.id = rw.workspace_id
+    WHERE h.alive
+    GROUP BY 1, 2, 3
+    ORDER BY 4 DESC, 3, 1, 2
+    LIMIT %(n)s
+"""
+
+
+def _route_families(engine, most: int) -> list:
+    """``magpie_routes_alive{protocol, anonymity, workspace}`` (at most ``most`` label sets, largest
+    first) and ``magpie_routes_alive_series_dropped`` (1 when more label sets existed)."""
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(_ALIVE_ROUTES, {"n": most + 1}).all()
+    alive = GaugeMetricFamily(
+        "magpie_routes_alive",
+        "Routes whose latest stored check was alive (a route in two workspaces counts in both)",
+        labels=["protocol", "anonymity", "workspace"],
+    )
+    for protocol, anonymity, workspace, n in rows[:most]:
+        alive.add_metric([protocol, anonymity, workspace], n)
+    dropped = GaugeMetricFamily(
+        "magpie_routes_alive_series_dropped",
+        "1 when magpie_routes_alive left label sets out (MAGPIE_METRICS_ROUTE_SERIES)",
+        value=1 if len(rows) > most else 0,
+    )
+    return [alive, dropped]
+
+
+def _delivery_family(engine) -> GaugeMetricFamily:
+    """``magpie_deliveries{channel="webhook"|"email", status}``: rows of the delivery tables per status."""
+    from magpie.alerts.delivery import DELIVERIES
+    from magpie.outbox.service import OUTBOX
+
+    fam = GaugeMetricFamily(
+        "magpie_deliveries", "Webhook deliveries and outbox emails by status", labels=["channel", "status"]
+    )
+    for channel, table in (("webhook", DELIVERIES), ("email", OUTBOX)):
+        for status, n in table.counts(engine).items():
+            fam.add_metric([channel, status], n)
+    return fam
+
+
+def _deployment_created(engine) -> float | None:
+    """Unix time the key fingerprint was first recorded, or None when none is recorded yet."""
+    import sqlalchemy as sa
+
+    with engine.connect() as conn:
+        at = conn.execute(sa.text("SELECT min(created_at) FROM deployment_keys")).scalar()
+    return None if at is None else at.timestamp()
+
+
+def _maintenance_families(settings, rows: list[dict]) -> list:
+    """Maintenance families: every registered job (zeros for one that never ran) and any recorded one."""
+    from magpie.maintenance.beat import cadences
+
+    label = ["maintenance_job"]
+    last_ok = GaugeMetricFamily(
+        "magpie_maintenance_last_success_timestamp_seconds",
+        "End of the job's last successful pass (0: never succeeded)",
+        labels=label,
+    )
+    last_start = GaugeMetricFamily(
+        "magpie_maintenance_last_start_timestamp_seconds",
+        "Start of the job's last pass (0: never ran)",
+        labels=label,
+    )
+    failures = CounterMetricFamily("magpie_maintenance_failures", "Failed passes", labels=label)
+    runs = CounterMetricFamily("magpie_maintenance_runs", "Passes started", labels=label)
+    cadence = GaugeMetricFamily(
+        "magpie_maintenance_cadence_seconds", "The job's effective beat cadence (0: not scheduled)",
+        labels=label,
+    )
+    every = cadences(settings)
+    by_job = {name: {} for name in JOBS} | {row["job"]: row for row in rows}
+    for job, row in by_job.items():
+        ok, started = row.get("last_success_at"), row.get("last_started_at")
+        last_ok.add_metric([job], ok.timestamp() if ok is not None else 0.0)
+        last_start.add_metric([job], started.timestamp() if started is not None else 0.0)
+        failures.add_metric([job], row.get("failures_total", 0))
+        runs.add_metric([job], row.get("runs_total", 0))
+        if job in every:
+            cadence.add_metric([job], every[job])
+    return [last_ok, last_start, failures, runs, cadence]
+
+
+def _overflow_policies() -> tuple[str, ...]:
+    """The stream bound's overflow policies (``MAGPIE_STATS_OVERFLOW``'s values)."""
+    from magpie.config import Settings
+
+    return typing.get_args(Settings.model_fields["stats_overflow"].annotation)
+
+
+def _histogram_family(name: str, doc: str, h: dict) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc)
+    fam.add_metric(
+        [],
+        buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in h["buckets"]],
+        sum_value=h["sum_s"],
+    )
+    return fam
 
 
 def _counter_families(c: dict):
     """Families of the producer-side counters (:func:`magpie.counters.read_counters`)."""
     checks = CounterMetricFamily("magpie_checks", "Checks by outcome", labels=["outcome"])
-    for outcome, n in sorted(c["checks"].items()):
+    for outcome, n in sorted(({o: 0 for o in CHECK_OUTCOMES} | c["checks"]).items()):
         checks.add_metric([outcome], n)
     yield checks
     yield CounterMetricFamily(
@@ -176,18 +312,17 @@ def _counter_families(c: dict):
         "Check completions rejected because the lease had moved on",
         value=c["stale"],
     )
-    lat = c["lateness"]
-    hist = HistogramMetricFamily("magpie_check_lateness_seconds", "Check start time minus its due time")
-    hist.add_metric(
-        [],
-        buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in lat["buckets"]],
-        sum_value=lat["sum_s"],
+    yield _histogram_family(
+        "magpie_check_lateness_seconds", "Check start time minus its due time", c["lateness"]
     )
-    yield hist
+    yield _histogram_family(
+        "magpie_check_latency_seconds", "Latency of alive checks, observed as ingestion stores them",
+        c["latency"],
+    )
     dropped = CounterMetricFamily(
         "magpie_statistics_dropped", "Check results lost to the results stream bound", labels=["policy"]
     )
-    for policy, n in sorted(c["dropped"].items()):
+    for policy, n in sorted(({p: 0 for p in _overflow_policies()} | c["dropped"]).items()):
         dropped.add_metric([policy], n)
     yield dropped
 
@@ -263,24 +398,32 @@ def _queue_families(st: dict):
 
 def build_registry(settings, *, redis: redis_lib.Redis | None = None, engine=None) -> CollectorRegistry:
     """A fresh registry holding one :class:`MagpieCollector` (no process or platform collectors)."""
+    from magpie.enrich.caches import CacheCollector
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(MagpieCollector(settings, redis=redis, engine=engine))
+    registry.register(CacheCollector())
     return registry
 
 
-def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: CollectorRegistry | None = None):
-    """Serve ``/metrics`` (Prometheus text format) from a background thread.
+def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: CollectorRegistry | None = None,
+          readiness=None):
+    """Serve ``/metrics`` (Prometheus text format), ``/livez`` and ``/readyz`` from a background thread.
 
     Args:
         host: bind address; port: TCP port (``0`` picks a free one: read it from ``server.server_port``).
         registry: default :func:`build_registry` ``(settings)``.
+        readiness: callable returning the ``/readyz`` answer (default
+            :class:`magpie.probes.Readiness` ``(settings)``: Redis, PostgreSQL and broker).
     Returns:
         ``(server, thread)``; stop with ``server.shutdown(); server.server_close()``.
     Raises:
         OSError: the address is in use or cannot be bound.
     """
+    from magpie.probes import Readiness, make_app, start_server
+
     registry = registry or build_registry(settings)
-    return start_http_server(port, addr=host, registry=registry)
+    return start_server(make_app(registry, readiness or Readiness(settings)), host, port)
 
 
 __all__ = ["MagpieCollector", "build_registry", "serve"]

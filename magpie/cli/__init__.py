@@ -105,6 +105,9 @@ class MagpieGroup(click.Group):
 @click.version_option(package_name="magpie")
 def main() -> None:
     """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
+    from magpie.logs import setup_cli_logging
+
+    setup_cli_logging()  # MAGPIE_LOG_FORMAT=json: log lines as JSON
 
 
 for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats, judges,

@@ -283,6 +283,12 @@ def ingest(
         if entries:
             committed, replayed, rejected = apply_results(engine, entries)
             report.committed, report.replayed = committed, report.replayed + replayed
+            if committed:  # the check-latency histogram counts stored results (never the check path)
+                from magpie.counters import record_check_latency
+
+                gone = {d.stream_id for d in rejected}
+                stored = [e.result.latency_ms for e in entries if e.stream_id not in gone]
+                record_check_latency(redis, prefix, stored[:committed])
             dead.extend(rejected)
     except Exception as exc:
         if not is_infra_failure(exc):

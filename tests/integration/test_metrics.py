@@ -122,11 +122,12 @@ def test_metrics_endpoint_serves_schedule_stream_maintenance_and_check_figures(
 
     assert m[("magpie_exporter_source_up", (("source", "redis"),))] == 1
     assert m[("magpie_exporter_source_up", (("source", "postgres"),))] == 1
-    assert m[("magpie_leader_job_active", (("job", "history_retention"),))] == 1
-    assert m[("magpie_leader_job_active", (("job", "partitions"),))] == 0
-    assert m[("magpie_maintenance_last_success_timestamp_seconds", (("job", "partitions"),))] > 1.7e9
-    assert m[("magpie_maintenance_failures_total", (("job", "partitions"),))] == 0
-    assert m[("magpie_maintenance_runs_total", (("job", "partitions"),))] == 1
+    assert m[("magpie_leader_job_active", (("lock", "history_retention"),))] == 1
+    assert m[("magpie_leader_job_active", (("lock", "partitions"),))] == 0
+    ok = ("magpie_maintenance_last_success_timestamp_seconds", (("maintenance_job", "partitions"),))
+    assert m[ok] > 1.7e9
+    assert m[("magpie_maintenance_failures_total", (("maintenance_job", "partitions"),))] == 0
+    assert m[("magpie_maintenance_runs_total", (("maintenance_job", "partitions"),))] == 1
     assert m[("magpie_statistics_replay_floor_timestamp_seconds", ())] == int(ids[0].split("-")[0]) / 1000
     assert m[("magpie_statistics_pending", ())] == 1 and m[("magpie_statistics_backlog", ())] == 2
     assert m[("magpie_statistics_dropped_total", (("policy", "drop_new"),))] == 1000
@@ -187,7 +188,7 @@ def test_cli_health_reports_ready_and_fails_when_the_broker_is_down(cli_env, db,
     rep = json.loads(res.output)
     assert res.exit_code == 0 and rep["ready"], res.output
     assert set(rep["checks"]) == {"redis", "postgres", "broker", "schema", "key", "judge", "queue", "scripts",
-                                  "engines", "stats"}
+                                  "engines", "stats", "instances"}
     monkeypatch.setenv("MAGPIE_BROKER_URL", "redis://127.0.0.1:1/0")
     get_settings.cache_clear()
     res = CliRunner().invoke(main, ["health", "--timeout", "1"])
