@@ -1,0 +1,129 @@
+"""The dashboard application: :func:`create_app` builds the FastAPI app that ``magpie web`` serves.
+
+Everything the browser loads comes from the app itself (templates, ``/static``, charts as inline SVG);
+the interactive OpenAPI pages, which would load scripts from elsewhere, are off: the document itself is
+at ``/api/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+import redis
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy import exc as sa_exc
+
+from magpie.errors import MagpieError, RefusedError
+from magpie.web import api, pages
+from magpie.web.auth import COOKIE, AuthRefused, bearer, is_loopback, token_matches
+from magpie.web.service import Dashboard
+
+log = logging.getLogger(__name__)
+
+_OPEN_PATHS = ("/login", "/static/")
+
+
+def _wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/")
+
+
+def _unavailable(request: Request, message: str):
+    if _wants_json(request):
+        return JSONResponse({"detail": message}, status_code=503)
+    return pages.templates.TemplateResponse(request, "error.html", {
+        "title": "Unavailable", "message": message, "flash": None, "ok": None, "actions_enabled": False,
+        "path": request.url.path, "here": request.url.path}, status_code=503)
+
+
+def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token: bool | None = None,
+               sample: bool = True) -> FastAPI:
+    """Build the dashboard app.
+
+    Args:
+        settings: :class:`magpie.config.Settings` (``MAGPIE_WEB_*``, Redis, PostgreSQL).
+        dashboard: the clients to use (default a :class:`Dashboard` of ``settings``).
+        reads_need_token: pages and reads need the token too (default: when ``MAGPIE_WEB_HOST`` is not
+            a loopback address).
+        sample: run the chart sampler (:class:`magpie.web.samples.Sampler`) while the app serves.
+    Returns:
+        The FastAPI app; ``app.state.dashboard`` is the :class:`Dashboard`.
+    """
+    dash = dashboard or Dashboard(settings)
+    need = (not is_loopback(settings.web_host)) if reads_need_token is None else reads_need_token
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        sampler = None
+        if sample:
+            from magpie.web.samples import Sampler
+
+            sampler = Sampler(dash.redis, settings.redis_prefix, dash.queue,
+                              interval_s=settings.web_sample_interval, keep=settings.web_sample_keep).start()
+        try:
+            yield
+        finally:
+            if sampler is not None:
+                sampler.stop()
+
+    app = FastAPI(title="magpie dashboard", version="1", lifespan=lifespan, openapi_url="/api/openapi.json",
+                  docs_url=None, redoc_url=None,
+                  description="The schedule, its results and operator actions. Actions need "
+                              "`Authorization: Bearer <MAGPIE_WEB_TOKEN>`.")
+    app.state.dashboard = dash
+    app.state.reads_need_token = need
+    app.include_router(api.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(packages=[("magpie.web", "static")]), name="static")
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        path = request.url.path
+        if need and not path.startswith(_OPEN_PATHS):
+            token = bearer(request.headers.get("authorization")) or request.cookies.get(COOKIE)
+            if not token_matches(settings.web_token, token):
+                if _wants_json(request):
+                    return JSONResponse({"ok": False, "refused": "token_required", "member": None,
+                                         "detail": "reads need the MAGPIE_WEB_TOKEN token on this address"},
+                                        status_code=401)
+                return RedirectResponse("/login", status_code=303)
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("Content-Security-Policy",
+                                    "default-src 'self'; img-src 'self' data:; style-src 'self'; "
+                                    "frame-ancestors 'none'; form-action 'self'")
+        return response
+
+    @app.exception_handler(AuthRefused)
+    async def auth_refused(request: Request, exc: AuthRefused):
+        return JSONResponse({"ok": False, "refused": exc.code, "detail": exc.detail, "member": None},
+                            status_code=exc.status)
+
+    @app.exception_handler(RefusedError)
+    async def refused(request: Request, exc: RefusedError):
+        return JSONResponse({"ok": False, "refused": exc.label, "detail": str(exc),
+                             "member": exc.subject or None}, status_code=409)
+
+    @app.exception_handler(MagpieError)
+    async def magpie_error(request: Request, exc: MagpieError):
+        return _unavailable(request, str(exc))
+
+    async def storage(request: Request, exc: Exception):
+        from magpie.cli import storage_error
+
+        message = storage_error(exc)
+        if message is None:  # another database error: a bug, logged with its traceback
+            log.error("dashboard request failed: %s", request.url.path, exc_info=exc)
+            message = "database error (see the magpie web log)"
+        return _unavailable(request, message)
+
+    app.add_exception_handler(redis.RedisError, storage)
+    app.add_exception_handler(sa_exc.SQLAlchemyError, storage)
+
+    return app
+
+
+__all__ = ["create_app"]
