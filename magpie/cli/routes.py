@@ -13,23 +13,44 @@ from magpie.cli.output import echo_json, print_table
 PROTOCOL_CHOICE = click.Choice(["http", "https", "socks4", "socks5"])
 
 
+FORMAT_CHOICE = click.Choice(["auto", "ip:port:user:pass", "ip:port:country:anonymity"])
+
+
 @click.command("import")
-@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--workspace", "-w", required=True, help="Workspace that will own the routes.")
 @click.option("--protocol", default="http", show_default=True, type=PROTOCOL_CHOICE,
               help="For lines with no scheme.")
+@click.option("--format", "fmt", default="auto", show_default=True, type=FORMAT_CHOICE,
+              help="What the two fields of host:port:a:b are; auto refuses such a line when a field looks "
+                   "like a country or anonymity code.")
 @click.option("--dry-run", is_flag=True, help="Parse and report without storing anything.")
 @json_option
 @pass_state
-def import_cmd(state: CliState, file: str, workspace: str, protocol: str, dry_run: bool,
+def import_cmd(state: CliState, file: str, workspace: str, protocol: str, fmt: str, dry_run: bool,
                as_json: bool) -> None:
-    """Import the proxy list FILE into a workspace and schedule its routes.
+    """Import the proxy list FILE ('-' for standard input) into a workspace and schedule its routes.
 
-    Malformed lines and routes the egress guard refuses (private, loopback... addresses: see
-    MAGPIE_CHECK_ALLOW_PRIVATE) are reported with their line numbers and not stored.
+    Reads plain lists (host:port, user:pass@host:port, host:port:user:pass, URLs, annotated lines),
+    CSV and TSV with a header row, and JSON lines. Malformed lines, routes the egress guard refuses
+    (private, loopback... addresses: see MAGPIE_CHECK_ALLOW_PRIVATE) and listed routes a workspace's
+    blacklist policy keeps out are reported with their line numbers and not stored.
     """
-    from magpie.importer.service import import_file
+    import os
 
+    from magpie.errors import MagpieError
+    from magpie.importer.service import import_file, require_schema
+
+    if file == "-":
+        source = click.open_file("-", "rb")  # binary standard input, left open
+    elif not os.path.isfile(file):
+        raise MagpieError(f"cannot read {file!r}: no such file")
+    else:
+        source = file
+    if not dry_run:
+        from magpie.db.session import get_engine
+
+        require_schema(get_engine(state.settings.database_url))  # one line naming `magpie db upgrade`
     progress_cb = None
     prog = None
     if not as_json and sys.stdout.isatty():
@@ -45,9 +66,9 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, dry_ru
 
     try:
         with user_errors(ValueError, OSError):  # an empty workspace name, an unreadable file
-            report = import_file(file, workspace, state.settings, protocol=protocol, dry_run=dry_run,
+            report = import_file(source, workspace, state.settings, protocol=protocol, dry_run=dry_run,
                                  progress=progress_cb, queue=None if dry_run else state.queue,
-                                 engine=state.engine)
+                                 engine=None if dry_run else state.engine, fmt=fmt)
     finally:
         if prog:
             prog.stop()
@@ -58,7 +79,10 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, dry_ru
     click.echo(f"{verb} {report.imported if not dry_run else report.valid} routes into '{workspace}': "
                f"valid={report.valid} duplicates={report.duplicates} skipped={report.skipped} "
                f"invalid={len(report.invalid)}"
-               + (f" (refused by the egress guard: {report.refused})" if report.refused else ""))
+               + (f" (refused by the egress guard: {report.refused})" if report.refused else "")
+               + (f" (kept out by a blacklist: {report.blacklisted})" if report.blacklisted else "")
+               + (f" flagged={report.flagged}" if report.flagged else "")
+               + (f" enriched={report.enriched}" if report.enriched else ""))
     for bad in report.invalid[:50]:
         click.echo(f"  line {bad['line']}: {bad['reason']}", err=True)
     if len(report.invalid) > 50:
@@ -98,34 +122,70 @@ def status(state: CliState, as_json: bool) -> None:
 
 
 def health_table(rows: list[dict], title: str = "route health"):
-    """A :class:`rich.table.Table` of :func:`magpie.db.repo.latest_health` rows (user text kept literal)."""
+    """A :class:`rich.table.Table` of :func:`magpie.db.repo.latest_health` rows (user text kept literal);
+    a ``score`` / ``reputation`` column pair when the rows carry them (:func:`with_reputation`)."""
     from rich.table import Table
     from rich.text import Text
 
+    rep = any("reputation" in r for r in rows)
     t = Table(title=title)
-    for col in ("route", "protocol", "alive", "latency ms", "anonymity", "status", "checks", "last checked"):
+    cols = ["route", "protocol", "alive", "latency ms", "anonymity", "status", "checks", "last checked"]
+    for col in cols + (["score", "reputation"] if rep else []):
         t.add_column(col)
+    colour = {"good": "green", "neutral": "yellow", "poor": "red"}
     for r in rows:
         alive = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[r["alive"]]
         user = f"{r['username']}@" if r.get("username") else ""
         host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
-        t.add_row(Text(f"{user}{host}:{r['port']}"), r["protocol"], alive,
-                  f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-",
-                  Text(r["anonymity"] or "-"), Text(str(r["status"] or r.get("error") or "-")),
-                  str(r["checks_total"] or 0),
-                  r["last_checked_at"].strftime("%H:%M:%S") if r["last_checked_at"] else "-")
+        cells = [Text(f"{user}{host}:{r['port']}"), r["protocol"], alive,
+                 f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-",
+                 Text(r["anonymity"] or "-"), Text(str(r["status"] or r.get("error") or "-")),
+                 str(r["checks_total"] or 0),
+                 r["last_checked_at"].strftime("%H:%M:%S") if r["last_checked_at"] else "-"]
+        if rep:
+            label = r.get("reputation")
+            cells += [f"{r['score']:.1f}" if r.get("score") is not None else "-",
+                      f"[{colour[label]}]{label}[/]" if label in colour else "-"]
+        t.add_row(*cells)
     return t
+
+
+def with_reputation(engine, rows: list[dict], label: str | None = None,
+                    min_score: float | None = None) -> list[dict]:
+    """``rows`` (:func:`magpie.db.repo.latest_health`) with ``score`` (0-100 | None) and ``reputation``
+    (``good`` / ``neutral`` / ``poor`` | None for a route not scored yet) added, keeping only those with
+    the ``label`` and at least ``min_score`` when given (an unscored route then never matches)."""
+    from magpie.derived.reputation import read_reputation
+
+    with engine.connect() as conn:
+        reps = read_reputation(conn, [r["route_id"] for r in rows])
+    out = []
+    for r in rows:
+        rep = reps.get(r["route_id"])
+        r = dict(r, score=rep["score"] if rep else None, reputation=rep["label"] if rep else None)
+        if label is not None and r["reputation"] != label:
+            continue
+        if min_score is not None and (r["score"] is None or r["score"] < min_score):
+            continue
+        out.append(r)
+    return out
 
 
 @click.command()
 @click.option("--workspace", "-w", default=None, help="Only this workspace's routes.")
+@click.option("--reputation", "label", type=click.Choice(["good", "neutral", "poor"]), default=None,
+              help="Only routes with this reputation label (good >= 80, neutral >= 40, poor below).")
+@click.option("--min-score", type=click.FloatRange(0, 100), default=None,
+              help="Only routes whose reputation score is at least this (0-100).")
 @json_option
 @pass_state
-def routes(state: CliState, workspace: str | None, as_json: bool) -> None:
-    """Latest health of each route (from PostgreSQL)."""
+def routes(state: CliState, workspace: str | None, label: str | None, min_score: float | None,
+           as_json: bool) -> None:
+    """Latest health and reputation of each route (from PostgreSQL); routes not scored yet show '-'."""
     from magpie.db.repo import latest_health
 
-    rows = latest_health(state.engine, workspace, keyring=state.keyring)
+    rows = with_reputation(state.engine, latest_health(state.engine, workspace, keyring=state.keyring),
+                           label, min_score)
     if as_json:
         echo_json(rows)
         return

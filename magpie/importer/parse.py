@@ -24,6 +24,10 @@ never cut short: the line is **malformed** (reported with its number) when
   (``203.0.113.9:8080:user:pa ss``). Annotate that form after ``#`` only; every other form takes any
   annotation (``203.0.113.9:8080 US-N-S +``).
 
+JSON lines, CSV and TSV with a header, column pairs (``host<TAB>port``) and annotated colon forms
+(``host:port:country:anonymity``) are read by :mod:`magpie.importer.formats` before the plain rules
+below; line breaks are counted by :mod:`magpie.importer.lines`.
+
 How a line is classified
 ------------------------
 1. Blank, or starting with ``#`` or ``//`` (after whitespace), or with an empty first column (e.g. ``;x``):
@@ -56,12 +60,15 @@ import re
 import socket
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import IO
 from urllib.parse import unquote
 
 from magpie.errors import MagpieError
+from magpie.importer.lines import read_lines, segments, split_lines
 from magpie.routes import PROTOCOLS, Route, normalize_host
 
-__all__ = ["InvalidLine", "ParseError", "ParseResult", "Refuse", "parse_file", "parse_line", "parse_lines"]
+__all__ = ["InvalidLine", "ParseError", "ParseResult", "Refuse", "parse_file", "parse_line", "parse_lines", "read_lines",
+           "split_lines"]
 
 _SCHEMES = {
     "http": "http",
@@ -124,12 +131,14 @@ class ParseResult:
         duplicates: good lines whose route equals an earlier good line's route.
         skipped: blank, comment and prose lines.
         invalid: malformed lines, in input order.
+        lines: the line number of each of ``routes`` (not compared).
     """
 
     routes: list[Route] = field(default_factory=list)
     duplicates: int = 0
     skipped: int = 0
     invalid: list[InvalidLine] = field(default_factory=list)
+    lines: list[int] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def valid(self) -> int:
@@ -170,7 +179,19 @@ def _normalize_host(host: str) -> str:
         else:
             if "." not in text:
                 return text
+    if not host.isascii():
+        host = _idna(host)
     return normalize_host(host)
+
+
+def _idna(host: str) -> str:
+    """An internationalised host name as IDNA ASCII (punycode, lower case); ``ValueError`` when invalid."""
+    import idna
+
+    try:
+        return idna.encode(host.rstrip(".").rstrip("\u3002\uff0e\uff61"), uts46=True).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise ValueError(f"bad address {host!r}: {exc}") from None
 
 
 def _split_hostport(hostport: str) -> tuple[str, list[str]]:
@@ -313,12 +334,13 @@ def _parse(text: str, default_protocol: str) -> Route | None:
     return route
 
 
-def parse_line(text: str, default_protocol: str = "http") -> Route | None:
+def parse_line(text: str, default_protocol: str = "http", fmt: str = "auto") -> Route | None:
     """Parse one line of a proxy list.
 
     Args:
         text: the line, with or without its line ending.
         default_protocol: protocol for an address without a scheme; one of :data:`magpie.routes.PROTOCOLS`.
+        fmt: as in :func:`parse_lines` (a line alone has no header: CSV rows need :func:`parse_lines`).
 
     Returns:
         the :class:`Route`, or ``None`` for a line to skip (blank, comment, header/footer prose).
@@ -328,69 +350,90 @@ def parse_line(text: str, default_protocol: str = "http") -> Route | None:
         ParseError: the line is a malformed address; ``.reason`` says why.
     """
     _check_protocol(default_protocol)
-    return _parse(text, default_protocol)
+    return _reader(default_protocol, fmt).parse(text)
+
+
+def _reader(default_protocol: str, fmt: str):
+    from magpie.importer.formats import LineReader
+
+    return LineReader(default_protocol, fmt, lambda t: _parse(t, default_protocol),
+                      lambda c: _parse_address(c, default_protocol), _normalize_host, ParseError)
 
 
 Refuse = Callable[[Route], str | None]
 """A caller's check of each parsed route: a one-line reason to report the line as invalid, or None."""
 
 
-def parse_lines(lines: Iterable[str], default_protocol: str = "http", refuse: Refuse | None = None) -> ParseResult:
-    """Parse a proxy list given as lines (a single ``str`` is split into lines).
+def parse_lines(lines: Iterable[str], default_protocol: str = "http", refuse: Refuse | None = None,
+                fmt: str = "auto") -> ParseResult:
+    """Parse a proxy list given as lines (a single ``str`` is split with :func:`split_lines`).
 
-    Every line is classified independently: a malformed line is recorded in ``invalid`` with its 1-based
-    line number and the rest still parse.
+    Every line is classified independently (:class:`magpie.importer.formats.LineReader`: JSON lines, CSV
+    and TSV with a header, annotated and plain forms): a malformed line is recorded in ``invalid`` with its
+    1-based line number and the rest still parse. Line numbers count ``\\n`` only; text after a lone CR
+    inside a line is read as a further entry with the same number.
 
     Args:
         refuse: called once per line holding a route not seen before (so for every line of a refused
             route); a returned reason makes the line invalid instead of a route. The parser itself applies
             no policy: the importer passes the egress guard here.
+        fmt: one of :data:`magpie.importer.formats.FORMATS`: what the two fields of ``host:port:a:b`` are
+            (``auto`` refuses the line when one looks like a country or anonymity code).
 
     Returns:
         a :class:`ParseResult`.
 
     Raises:
-        ValueError: ``default_protocol`` is not a known protocol (checked before any line is read).
+        ValueError: ``default_protocol`` or ``fmt`` is unknown (checked before any line is read).
     """
     _check_protocol(default_protocol)
+    reader = _reader(default_protocol, fmt)
     if isinstance(lines, str):
-        lines = lines.splitlines()
+        lines = split_lines(lines)
     result = ParseResult()
     routes = result.routes
     invalid = result.invalid
     seen: set[Route] = set()
-    for number, text in enumerate(lines, 1):
-        try:
-            route = _parse(text, default_protocol)
-        except ParseError as exc:
-            invalid.append(InvalidLine(number, exc.reason, text.strip()[:_MAX_TEXT]))
-            continue
-        if route is None:
-            result.skipped += 1
-        elif route in seen:
-            result.duplicates += 1
-        else:
-            why = refuse(route) if refuse is not None else None
-            if why is not None:
-                invalid.append(InvalidLine(number, why, text.strip()[:_MAX_TEXT]))
+    for number, physical in enumerate(lines, 1):
+        for text in segments(physical):
+            try:
+                route = reader.parse(text)
+            except ParseError as exc:
+                invalid.append(InvalidLine(number, exc.reason, text.strip()[:_MAX_TEXT]))
                 continue
-            seen.add(route)
-            routes.append(route)
+            if route is None:
+                result.skipped += 1
+            elif route in seen:
+                result.duplicates += 1
+            else:
+                why = refuse(route) if refuse is not None else None
+                if why is not None:
+                    invalid.append(InvalidLine(number, why, text.strip()[:_MAX_TEXT]))
+                    continue
+                seen.add(route)
+                routes.append(route)
+                result.lines.append(number)
     return result
 
 
-def parse_file(path: str | os.PathLike[str], default_protocol: str = "http",
-               refuse: Refuse | None = None) -> ParseResult:
-    """Parse a proxy-list file, read line by line as UTF-8 (undecodable bytes become U+FFFD); ``refuse``
-    as in :func:`parse_lines`.
+def parse_file(path: str | os.PathLike[str] | IO[bytes], default_protocol: str = "http",
+               refuse: Refuse | None = None, fmt: str = "auto") -> ParseResult:
+    """Parse a proxy-list file (or an open binary stream such as ``sys.stdin.buffer``), read line by line
+    as UTF-8 (undecodable bytes become U+FFFD); ``refuse`` and ``fmt`` as in :func:`parse_lines`.
 
     Returns:
-        a :class:`ParseResult`; line numbers are the file's.
+        a :class:`ParseResult`; line numbers are the file's (``\\n`` counted, as :func:`split_lines`).
 
     Raises:
-        ValueError: ``default_protocol`` is not a known protocol (checked before the file is opened).
+        ValueError: ``default_protocol`` or ``fmt`` is unknown (checked before the file is opened).
         OSError: the file cannot be opened or read.
     """
+    from magpie.importer.formats import FORMATS
+
     _check_protocol(default_protocol)
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        return parse_lines(fh, default_protocol, refuse)
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if hasattr(path, "read"):
+        return parse_lines(read_lines(path), default_protocol, refuse, fmt)
+    with open(path, "rb") as fh:
+        return parse_lines(read_lines(fh), default_protocol, refuse, fmt)

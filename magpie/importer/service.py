@@ -27,7 +27,10 @@ class ImportReport:
     """What an import did. ``valid``: unique good routes in the file; ``imported``: routes newly stored
     for the workspace (0 on a dry run); ``duplicates``: repeats within the file plus routes the workspace
     already had; ``skipped``: blank, comment and prose lines; ``invalid``: ``[{"line", "reason"}]``, malformed
-    lines and lines the egress guard refuses; ``refused``: how many of ``invalid`` the guard refused."""
+    lines and lines the egress guard refuses; ``refused``: how many of ``invalid`` the guard refused;
+    ``blacklisted``: how many of ``invalid`` a blacklist kept out (workspace policy ``skip`` or ``remove``;
+    not counted in ``valid``); ``flagged``: imported routes a blacklist lists (policy ``flag``);
+    ``enriched``: routes new to the workspace given country/ASN from the GeoIP files (when configured)."""
 
     valid: int = 0
     imported: int = 0
@@ -35,6 +38,9 @@ class ImportReport:
     skipped: int = 0
     invalid: list[dict] = field(default_factory=list)
     refused: int = 0
+    blacklisted: int = 0
+    flagged: int = 0
+    enriched: int = 0
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -89,22 +95,57 @@ def schedule_item(record, cipher=None) -> tuple[str, str]:
     return record.route_hash.strip(), payload.encode(cipher)
 
 
+class SchemaMissing(MagpieError, RuntimeError):
+    """The database has no (or an outdated) magpie schema; the message says to run ``magpie db upgrade``."""
+
+
+_IMPORT_TABLES = ("workspaces", "routes", "route_workspaces", "blacklist_entries", "blacklist_policies",
+                  "route_blacklist")
+
+
+def require_schema(engine) -> None:
+    """Check that the tables an import writes exist, before anything is read from the list's routes.
+
+    Raises :class:`SchemaMissing` (one line: which table, and ``run magpie db upgrade``) when one is
+    missing, and when the database itself does not exist (``magpie db upgrade`` creates it too).
+    """
+    import sqlalchemy as sa
+    from sqlalchemy import exc as sa_exc
+
+    try:
+        with engine.connect() as conn:
+            for table in _IMPORT_TABLES:
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": f"public.{table}"}).scalar() is None:
+                    raise SchemaMissing(f"the database is not migrated (no {table} table): "
+                                        "run `magpie db upgrade`")
+    except sa_exc.OperationalError as exc:
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        if "does not exist" in first:
+            raise SchemaMissing(f"{first}: run `magpie db upgrade` (it creates the database)") from None
+        raise
+
+
 def import_file(path, workspace: str, settings: Settings, *, protocol: str = "http", dry_run: bool = False,
-                progress: Callable[[int, int], None] | None = None, queue=None, engine=None) -> ImportReport:
-    """Import the proxy list at ``path`` into ``workspace``.
+                progress: Callable[[int, int], None] | None = None, queue=None, engine=None,
+                fmt: str = "auto") -> ImportReport:
+    """Import the proxy list at ``path`` (a file name, or an open binary stream such as stdin) into
+    ``workspace``.
 
     Args:
         protocol: scheme for lines without one (http, https, socks4, socks5).
+        fmt: what ``host:port:a:b`` means (:data:`magpie.importer.formats.FORMATS`; ``auto`` refuses the
+            line when a field looks like a country or anonymity code).
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
         queue / engine: a :class:`RouteQueue` and SQLAlchemy engine (default: from ``settings``).
-    Raises ``ValueError`` for an unknown default protocol or an empty workspace name; ``OSError`` when the
-    file cannot be read; :class:`ImportIncomplete` when Redis failed after PostgreSQL stored routes (Redis is
+    Raises ``ValueError`` for an unknown default protocol or format or an empty workspace name; ``OSError``
+    when the file cannot be read; :class:`SchemaMissing` when the database is not migrated (checked
+    before anything is stored); :class:`ImportIncomplete` when Redis failed after PostgreSQL stored routes (Redis is
     checked before anything is stored, so this needs Redis to fail mid-import). Malformed lines never raise: they are reported in ``invalid``,
     and so are routes the egress guard refuses (:func:`egress_refusal`), on a dry run too.
     """
     if not workspace or not workspace.strip():
         raise ValueError("workspace name must not be empty")
-    parsed = parse_file(path, default_protocol=protocol, refuse=egress_refusal(settings))
+    parsed = parse_file(path, default_protocol=protocol, refuse=egress_refusal(settings), fmt=fmt)
     report = ImportReport(
         valid=parsed.valid, duplicates=parsed.duplicates, skipped=parsed.skipped,
         invalid=[{"line": x.line, "reason": x.reason} for x in parsed.invalid],
@@ -113,21 +154,39 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     if dry_run or not parsed.routes:
         return report
 
+    from magpie.blacklists.imports import flag_imported
+    from magpie.blacklists.imports import refusals as blacklist_refusals
     from magpie.db.repo import upsert_routes
+    from magpie.enrich.job import enrich_imported
+    from magpie.derived.sources import record_import_source
     from magpie.db.session import get_engine
-    from magpie.queue import RouteQueue
     from magpie.queue.payload import write_cipher
+    from magpie.queue.provider import create_provider
 
     engine = engine or get_engine(settings.database_url)
-    queue = queue or RouteQueue.from_settings(settings)
+    require_schema(engine)
+    routes = parsed.routes
+    kept_out = blacklist_refusals(engine, workspace.strip(), routes, settings.blacklist_policy)
+    if kept_out:  # workspace policy skip / remove: listed routes are not taken, each line says why
+        report.invalid.extend({"line": parsed.lines[i], "reason": why} for i, why in kept_out.items())
+        report.invalid.sort(key=lambda x: x["line"])
+        report.blacklisted = len(kept_out)
+        report.valid -= len(kept_out)
+        routes = [r for i, r in enumerate(routes) if i not in kept_out]
+        if not routes:
+            return report
+    queue = queue or create_provider(settings.schedule_url, settings)
     keyring = get_keyring(settings.encryption_key)
     cipher = write_cipher(settings)  # PROXY_QUEUE_ENCRYPT_CREDENTIALS: seal credentials in new payloads
-    total = len(parsed.routes)
+    total = len(routes)
     for off in range(0, total, CHUNK):
-        chunk = parsed.routes[off: off + CHUNK]
+        chunk = routes[off: off + CHUNK]
         store = upsert_routes(engine, keyring, workspace.strip(), chunk)
+        record_import_source(engine, store.workspace_id, [r.route_id for r in store.routes], path)
         report.imported += len(store.new_members)
         report.duplicates += len(store.already_members)
+        report.flagged += flag_imported(engine, [row.route_id for row in store.routes])
+        report.enriched += enrich_imported(engine, settings, [row.route_id for row in store.new_members])
         items = [schedule_item(row, cipher) for row in store.routes]
         try:
             queue.schedule(items, total=total, start_index=off)

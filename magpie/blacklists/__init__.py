@@ -1,0 +1,1 @@
+"""Operator-managed blacklists of addresses and CIDR ranges, and what a listed route becomes per workspace."""

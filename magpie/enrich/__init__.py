@@ -1,0 +1,1 @@
+"""Route enrichment: country and ASN from MaxMind-format files, abuse reputation, bounded caches."""
