@@ -4,6 +4,8 @@
 -- ARGV[8] the worker's original payload, ARGV[9] its desired payload.
 -- Only the worker's delta (workspace ids added or removed between original and desired) is applied to
 -- the payload as stored now, so workspaces an import added meanwhile and current credentials stay.
+-- ARGV[8] and ARGV[9] are read as JSON of any encoding (only their "w" lists matter); the stored payload
+-- is always in the codec's compact form (every writer goes through Payload.encode or join_w).
 -- Returns 1 completed, 2 removed (no workspace left), R_LEASE_LOST, R_GONE, R_BAD_PAYLOAD (a payload
 -- shape it cannot merge).
 local shard = KEYS[NCORE + 1]
@@ -13,12 +15,22 @@ if ok ~= 1 then return ok end
 local pkey = ARGV[3] .. member
 local cur = redis.call('GET', pkey)
 if not cur then return R_GONE end
+-- The worker's two payloads may be any JSON encoding (spacing, key order); only their "w" is read.
+local function ws_set(text)
+  local ok, doc = pcall(cjson.decode, text)
+  if not ok or type(doc) ~= 'table' or type(doc['w']) ~= 'table' then return nil end
+  local set = {}
+  for _, v in pairs(doc['w']) do
+    local id = tonumber(v)
+    if not id then return nil end
+    set[id] = true
+  end
+  return set
+end
 local head, have = split_w(cur)
-local _, orig_w = split_w(ARGV[8])
-local _, want_w = split_w(ARGV[9])
-if not head or not orig_w or not want_w then return R_BAD_PAYLOAD end
-local orig = id_list(orig_w)
-local want = id_list(want_w)
+local orig = ws_set(ARGV[8])
+local want = ws_set(ARGV[9])
+if not head or not orig or not want then return R_BAD_PAYLOAD end
 local set, list = id_list(have)
 local result = {}
 for _, v in ipairs(list) do

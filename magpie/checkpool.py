@@ -13,8 +13,10 @@ on one event loop). The pool's own coroutines then keep the leases moving:
   its expiry is cancelled too;
 - **start marks and quarantine**: admitted leases are marked as started (one ``HSET`` per message,
   :meth:`RouteQueue.mark_started`), so that only a lease that started checking is evidence against its
-  route if it expires; a route in quarantine (:attr:`Lease.alone`) is checked alone, one at a time per
-  process, and marked right before its check starts, so that a crash during it is its own;
+  route if it expires; a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
+  process, and only while this pool holds the deployment's quarantine slot
+  (:class:`magpie.queue.quarantine.QuarantineSlot`), and it is marked right before its check starts, so
+  that a crash during it is its own;
 - **hand-back**: a lease that could not start before ``expiry - max_check_seconds`` is released unchecked
   (``release.lua``), claimable again at once, with no stall counted;
 - **capacity heartbeat**: the engine's slots are announced to :class:`magpie.queue.capacity.CapacityRegistry`
@@ -91,8 +93,12 @@ Record = Callable[[BatchReport, list[dict[str, str]]], object]
 
 def result_entry(payload: Payload, res: CheckResult) -> dict[str, str]:
     """The stream entry of one completed check: the result with the route's id and hash
-    (:func:`magpie.stats.entry.entry_fields`)."""
-    return entry_fields(res, payload.route_id, payload.route_hash)
+    (:func:`magpie.stats.entry.entry_fields`), plus ``wf`` (each owner's outcome) when the check ran per
+    workspace profile (:attr:`CheckResult.owners`)."""
+    fields = entry_fields(res, payload.route_id, payload.route_hash)
+    if res.owners:
+        fields["wf"] = res.owners
+    return fields
 
 
 @dataclass
@@ -131,13 +137,15 @@ class CheckPool:
         lateness: optional ``lateness(leases)`` called at admission (metrics of claim lateness).
         payload_cipher: opens payloads with sealed credentials (:attr:`magpie.crypto.Keyring.queue`);
             without it such a payload counts as malformed.
+        quarantine: the deployment's :class:`magpie.queue.quarantine.QuarantineSlot`; None: quarantined
+            checks are alone in this process only (tests, one-shot runs).
     """
 
     def __init__(self, queue: RouteQueue, engine: CheckEngine, stream: StreamTarget, *, capacity: int,
                  renew_below_ms: float, backoff: Backoff | None = None, registry: CapacityRegistry | None = None,
                  record: Record | None = None, complete_interval: float = 0.1, heartbeat: float = 2.0,
                  lateness: Callable[[Sequence[Lease]], object] | None = None, payload_cipher=None,
-                 block_timeout: float = 2.0) -> None:
+                 block_timeout: float = 2.0, quarantine=None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
         self.queue = queue
@@ -152,6 +160,8 @@ class CheckPool:
         self.record = record
         self.lateness = lateness
         self.payload_cipher = payload_cipher
+        self.quarantine = quarantine
+        self.owner_changes = None  # optional: applies pending owner drops at flush (magpie.judges.ownership)
         self.complete_interval = float(complete_interval)
         self.heartbeat = float(heartbeat)
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
@@ -298,8 +308,13 @@ class CheckPool:
 
     async def _run(self, slot: _Running) -> None:
         le = slot.lease
+        slot_token = None
         try:
             if le.alone:
+                slot_token = await self._take_quarantine_slot(le)
+                if slot_token is False:  # too late to start: hand back, no evidence
+                    self._handback.append(le)
+                    return
                 try:
                     await self._in_io(self.queue.mark_started, [le])
                 except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
@@ -312,7 +327,9 @@ class CheckPool:
                 return
             try:
                 async with asyncio.timeout(self._guard_s):  # last guard: the engine's deadlines come first
-                    res = await self.engine.check(payload.route, before_attempt=lambda _n: not le.cancelled)
+                    by_payload = getattr(self.engine, "check_payload", None)  # owners' profiles (magpie.judges)
+                    res = await (by_payload(payload, before_attempt=lambda _n: not le.cancelled) if by_payload
+                                 else self.engine.check(payload.route, before_attempt=lambda _n: not le.cancelled))
             except asyncio.CancelledError:
                 if self._closing:
                     self._handback.append(le)
@@ -325,7 +342,7 @@ class CheckPool:
                                   self.engine.judge_url, int(time.time() * 1000))
             if res.error == "Aborted":
                 self._counts.aborted += 1
-            elif not res.alive and not await self.engine.judge_reachable():
+            elif not res.alive and (res.judge_fault or not await self.engine.judge_reachable()):
                 self._retry.append(le)
             else:
                 self._done.append((le, payload, res))
@@ -333,8 +350,36 @@ class CheckPool:
             self._running.pop(id(le), None)
             if le.alone:
                 self._alone_busy = False
+                if slot_token:
+                    self._io.submit(self._give_back_slot, slot_token)
             if not self._closing:
                 self._fill()
+
+    async def _take_quarantine_slot(self, le: Lease):
+        """The slot token once held; None without a slot to take (or Redis away: this process's lane
+        is then the only guard); False when the lease became too late to start while waiting."""
+        if self.quarantine is None:
+            return None
+        token = f"{self.instance}:{le.member}"
+        ttl_ms = int(self._guard_s * 1000)
+        while not self._closing:
+            try:
+                if await self._in_io(self.quarantine.take, token, ttl_ms):
+                    return token
+            except Exception:  # noqa: BLE001
+                log.warning("quarantine slot unavailable (Redis?); checking route %s alone in this process",
+                            le.member)
+                return None
+            if le.remaining_ms() < self._start_margin_ms:
+                return False
+            await asyncio.sleep(0.25)
+        return False
+
+    def _give_back_slot(self, token: str) -> None:
+        try:
+            self.quarantine.give_back(token)
+        except Exception:  # noqa: BLE001 - it expires with its TTL
+            log.warning("could not give the quarantine slot back; it frees itself when its TTL ends")
 
     # -- background services -----------------------------------------------------------------------
     async def _in_io(self, fn, *args):
@@ -374,6 +419,8 @@ class CheckPool:
 
     def _flush_sync(self, done, retry, handback, report: BatchReport) -> None:
         entries: list[dict[str, str]] = []
+        if self.owner_changes is not None:
+            done = self.owner_changes(done, report)  # fenced owner changes; the rest completes below
         for i in range(0, len(done), _COMPLETE_CHUNK):
             chunk = done[i: i + _COMPLETE_CHUNK]
             results = [result_entry(payload, res) for _, payload, res in chunk]

@@ -44,6 +44,7 @@ from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
 from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
 from magpie.egress import EgressPolicy, EgressRefused, is_ip_literal
+from magpie.judges.rules import needle_of, validate_rule
 from magpie.routes import Route
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ CHECK_SLACK_SECONDS = 1.0
 """Slack added to ``attempts x timeout`` in :attr:`CheckEngine.max_check_seconds`."""
 
 _RELEARN_AFTER_S = 30.0  # back-off before retrying to learn the own address after a failure
+_ANSWER_ERRORS = frozenset({"BadStatus", "BadEcho"})  # an answer came, but not the judge's
 _JUDGE_RESOLVE_TTL_S = 300.0  # a judge host name is re-resolved this often (socks4 needs an address)
 
 
@@ -125,6 +127,10 @@ class CheckEngine:
             grading cannot see headers a proxy adds (it only relays the TLS tunnel).
         egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
             connection is made (host names after resolution); None guards nothing (tools and tests).
+        rule: what a valid HTTP 200 answer is: ``echo`` (default), ``status`` or ``contains:<text>``
+            (:mod:`magpie.judges.rules`).
+        resolver: ``await resolver(host, port) -> list[str]`` resolving host names (a shared
+            :class:`magpie.judges.dns.DnsCache`); default: the loop's ``getaddrinfo`` on every call.
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap, or a judge URL that
     is not http(s) with a host. An instance belongs to one event loop once it has run a check.
@@ -132,7 +138,8 @@ class CheckEngine:
 
     def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
                  connect_timeout: float | None = None, own_addresses: Iterable[str] | None = None,
-                 ssl_context: ssl.SSLContext | None = None, egress: EgressPolicy | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None, egress: EgressPolicy | None = None,
+                 rule: str = "echo", resolver=None) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if attempts < 1:
@@ -146,6 +153,10 @@ class CheckEngine:
             raise ValueError(f"judge URL must be http(s)://host[:port]/path, got {judge_url!r}")
         self.judge_url = judge_url
         self.egress = egress
+        self.rule = validate_rule(rule)
+        self._echo_rule = self.rule == "echo"
+        self._needle = needle_of(self.rule)
+        self._resolver = resolver
         self.timeout = float(timeout)
         self.connect_timeout = min(float(connect_timeout or timeout), self.timeout)
         self.attempts = int(attempts)
@@ -214,6 +225,8 @@ class CheckEngine:
         only those the egress policy allows (raises :class:`EgressRefused` when none is)."""
         if is_ip_literal(host):
             addrs = [host]
+        elif self._resolver is not None:
+            addrs = await self._resolver(host, port)
         else:
             infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
             addrs = list(dict.fromkeys(info[4][0] for info in infos))
@@ -268,9 +281,14 @@ class CheckEngine:
         elapsed_ms = round((time.perf_counter() - started) * 1000.0, 3)
         if status != 200:
             return _Attempt(ok=False, status=status, error="BadStatus", raw=raw)
-        echo = parse_echo(raw)
-        if echo is None:
-            return _Attempt(ok=False, status=200, error="BadEcho", raw=raw)
+        if self._echo_rule:
+            echo = parse_echo(raw)
+            if echo is None:
+                return _Attempt(ok=False, status=200, error="BadEcho", raw=raw)
+        else:
+            if self._needle is not None and self._needle not in raw:
+                return _Attempt(ok=False, status=200, error="BadEcho", raw=raw)
+            echo = parse_echo(raw) if raw[:1] == b"{" else None  # graded when the judge echoes anyway
         return _Attempt(ok=True, status=200, raw=raw, echo=echo, latency_ms=elapsed_ms)
 
     async def _attempt(self, route: Route) -> _Attempt:
@@ -397,8 +415,9 @@ class CheckEngine:
         return await asyncio.shield(self._learning)
 
     async def _learn(self) -> set[str] | None:
+        started = time.monotonic()
         att, local = await self._direct()
-        self._probe_at, self._probe_ok = time.monotonic(), att.ok
+        self._probe_at, self._probe_ok = started, att.ok
         if not att.ok or att.echo is None:
             self._learn_failed_at = time.monotonic()
             return None
@@ -418,12 +437,39 @@ class CheckEngine:
         learned = await self.learn_own_address()
         return frozenset(learned) if learned else None
 
-    async def judge_reachable(self, max_age: float = 2.0) -> bool:
-        """Whether the judge answers a direct GET with an echo; one probe per ``max_age`` seconds at most,
-        shared by concurrent callers. A route is not blamed for a failure while this is False."""
-        if time.monotonic() - self._probe_at < max_age:
+    async def judge_reachable(self, max_age: float = 2.0, since: float | None = None) -> bool:
+        """Whether the judge answers a direct GET by its rule; one probe per ``max_age`` seconds at most,
+        shared by concurrent callers. With ``since`` (a ``time.monotonic()`` value), only a probe started
+        at or after it counts. A route is not blamed for a failure while this is False."""
+        if (self._probe_at >= since) if since is not None else (time.monotonic() - self._probe_at < max_age):
             return self._probe_ok
         if self._probe is None or self._probe.done():
             self._probe = asyncio.ensure_future(self.learn_own_address(refresh=True))
-        return await asyncio.shield(self._probe) is not None
+        await asyncio.shield(self._probe)
+        return self._probe_ok
+
+    async def probe(self) -> tuple[bool, str | None]:
+        """One direct GET of the judge now: ``(True, None)`` when it answers by the rule, else
+        ``(False, reason)`` with the error class (and the HTTP status when there was one)."""
+        started = time.monotonic()
+        att, _local = await self._direct()
+        self._probe_at, self._probe_ok = started, att.ok
+        if att.ok:
+            return True, None
+        return False, att.error + (f" (HTTP {att.status})" if att.status is not None else "")
+
+    # -- the check pool's face ------------------------------------------------------------------------
+    async def check_payload(self, payload, before_attempt: Callable[[int], bool] | None = None) -> CheckResult:
+        """Check the route of a :class:`magpie.queue.Payload` (one engine: its owners do not matter)."""
+        return await self.check(payload.route, before_attempt)
+
+    async def blame_judge(self, res: CheckResult, started: float | None = None) -> bool:
+        """True when a failed ``res`` is the judge's fault (it does not answer a direct GET now): the
+        route is then retried, not recorded. An answer that did come back but was wrong (``BadStatus``,
+        ``BadEcho``: often a proxy's 502 for an unreachable judge) is compared with a probe started after
+        the check (``started``, ``time.monotonic()``); other failures with the probe of the last 2 s."""
+        if res.alive:
+            return False
+        fresh = started is not None and res.error in _ANSWER_ERRORS
+        return not await self.judge_reachable(since=started if fresh else None)
 

@@ -62,6 +62,10 @@ class CheckResult:
         anonymity: "transparent", "anonymous", "elite", or None (not alive, or own address unknown).
         judge: the judge URL used.
         checked_at_ms: wall clock when the check finished, Unix ms.
+        owners: for a route checked under several workspace profiles, each owner's outcome as
+            ``"<workspace id>:<1|0>,..."`` (None: the result counts for every owner).
+        judge_fault: True when the judge (not the route) failed and no other judge could take the check:
+            the check pool retries the route instead of recording the result.
     """
 
     alive: bool
@@ -73,6 +77,8 @@ class CheckResult:
     anonymity: str | None
     judge: str
     checked_at_ms: int
+    owners: str | None = None
+    judge_fault: bool = False
 
 
 def proxy_url(route: Route) -> str:

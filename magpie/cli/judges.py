@@ -1,5 +1,178 @@
-"""Commands for judge pools and check profiles (magpie judges, magpie profiles)."""
+"""Commands for judge pools and check profiles (``magpie judges ...``, ``magpie profiles ...``).
+
+A change raises the check-config revision and notifies the checkers, which also reconcile on their own
+within ``MAGPIE_CONFIG_RECONCILE_SECONDS``. With ``--json`` every verb prints ``{"ok": true, "result":
+...}``.
+"""
 
 from __future__ import annotations
 
-COMMANDS: list = []
+import asyncio
+from types import SimpleNamespace
+
+import click
+
+from magpie.cli.context import CliState, json_option, pass_state, user_errors
+from magpie.cli.output import echo_json, rows_table
+
+_JUDGE_COLS = ("id", "workspace", "url", "rule", "enabled", "healthy", "last_error", "last_checked_at",
+               "addresses")
+
+
+def _emit(as_json: bool, result) -> None:
+    if as_json:
+        echo_json({"ok": True, "result": result})
+
+
+def _changed(state: CliState) -> dict:
+    return {"redis": state.redis, "prefix": state.settings.redis_prefix}
+
+
+@click.group()
+def judges() -> None:
+    """Manage judge pools: the global pool and per-workspace pools (MAGPIE_JUDGE_URL stands in for an
+    empty global pool)."""
+
+
+@judges.command("add")
+@click.argument("url")
+@click.option("--workspace", help="Add to this workspace's pool (default: the global pool).")
+@click.option("--rule", default="echo", show_default=True, help="Valid answer: echo, status or contains:<text>.")
+@click.option("--disabled", is_flag=True, help="Store it disabled (not used by checks).")
+@json_option
+@pass_state
+def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disabled: bool, as_json: bool) -> None:
+    """Add the judge at URL (http or https)."""
+    from magpie.judges.store import add_judge
+
+    with user_errors(ValueError):
+        row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, **_changed(state))
+    _emit(as_json, row)
+    if not as_json:
+        click.echo(f"judge {row['id']} added: {row['url']} ({row['workspace'] or 'global'} pool)")
+
+
+@judges.command("remove")
+@click.argument("judge")
+@click.option("--workspace", help="The pool the URL is in (default: the global pool).")
+@json_option
+@pass_state
+def judges_remove(state: CliState, judge: str, workspace: str | None, as_json: bool) -> None:
+    """Remove JUDGE (its id, or its URL within the pool)."""
+    from magpie.judges.store import remove_judge
+
+    jid = remove_judge(state.engine, judge, workspace=workspace, **_changed(state))
+    _emit(as_json, {"removed": jid})
+    if not as_json:
+        click.echo(f"judge {jid} removed")
+
+
+@judges.command("list")
+@click.option("--workspace", help="Only this workspace's pool.")
+@json_option
+@pass_state
+def judges_list(state: CliState, workspace: str | None, as_json: bool) -> None:
+    """List judges with their health (the refresh job's last verdict) and resolved addresses."""
+    from magpie.judges.store import list_judges
+
+    rows = list_judges(state.engine, workspace)
+    if as_json:
+        _emit(True, rows)
+        return
+    rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"], r["enabled"],
+                                        r["healthy"], r["last_error"], r["last_checked_at"],
+                                        ",".join(r["addresses"] or [])] for r in rows])
+
+
+@judges.command("check")
+@click.argument("judge", required=False)
+@json_option
+@pass_state
+def judges_check(state: CliState, judge: str | None, as_json: bool) -> None:
+    """Probe every judge (or JUDGE, an id or URL) directly now and record the verdict. Exit status 1
+    when one fails."""
+    from magpie.judges.refresh import probe_all
+    from magpie.judges.store import bump, list_judges, notify, record_health
+
+    rows = [r for r in list_judges(state.engine)
+            if judge is None or str(r["id"]) == judge or r["url"] == judge]
+    if judge is not None and not rows:
+        from magpie.errors import MagpieError
+
+        raise MagpieError(f"no judge {judge!r}")
+
+    verdicts = asyncio.run(probe_all([SimpleNamespace(**r) for r in rows], state.settings)) if rows else []
+    out, moved = [], 0
+    with state.engine.begin() as conn:
+        for r, (ok, reason, addrs) in zip(rows, verdicts):
+            moved += record_health(conn, r["id"], ok, reason, addrs, state.settings.dns_ttl)
+            out.append({"id": r["id"], "url": r["url"], "healthy": ok, "reason": reason, "addresses": addrs})
+        rev = bump(conn) if moved else None
+    if rev is not None:
+        notify(state.redis, state.settings.redis_prefix, rev)
+    if as_json:
+        _emit(True, out)
+    else:
+        rows_table("judge probes", ("id", "url", "healthy", "reason", "addresses"),
+                   [[o["id"], o["url"], o["healthy"], o["reason"], ",".join(o["addresses"] or [])] for o in out])
+    if any(not o["healthy"] for o in out):
+        raise SystemExit(1)
+
+
+@click.group()
+def profiles() -> None:
+    """Show or change a workspace's check profile (protocols, timeout, attempts, judge pool, rule,
+    auto-remove); the check interval stays global."""
+
+
+def _show(as_json: bool, prof: dict) -> None:
+    if as_json:
+        _emit(True, prof)
+        return
+    rows_table(f"check profile of {prof['workspace']}" + ("" if prof["custom"] else " (defaults)"),
+               ("field", "value"),
+               [[k, ",".join(v) if isinstance(v, list) else ("default" if v is None else v)]
+                for k, v in prof.items() if k not in ("workspace", "custom")])
+
+
+@profiles.command("show")
+@click.argument("workspace")
+@json_option
+@pass_state
+def profiles_show(state: CliState, workspace: str, as_json: bool) -> None:
+    """Show WORKSPACE's check profile (fields at their default print as "default")."""
+    from magpie.judges.store import get_profile
+
+    _show(as_json, get_profile(state.engine, workspace))
+
+
+@profiles.command("set")
+@click.argument("workspace")
+@click.option("--protocols", help="Comma-separated protocols to test each route as (http,https,socks4,socks5).")
+@click.option("--timeout", type=float, help="Seconds per attempt (at most MAGPIE_PROFILE_MAX_TIMEOUT).")
+@click.option("--attempts", type=int, help="Attempts per check (at most MAGPIE_PROFILE_MAX_ATTEMPTS).")
+@click.option("--judge-pool", type=click.Choice(["global", "workspace"]), help="Judges to check through.")
+@click.option("--rule", help="Valid answer: echo, status or contains:<text> (default: each judge's).")
+@click.option("--auto-remove-after", type=int, help="Drop ownership after this many consecutive failures.")
+@click.option("--reset", "resets", multiple=True,
+              type=click.Choice(["protocols", "timeout", "attempts", "judge_pool", "rule", "auto_remove_after"]),
+              help="Put a field back to its default (repeatable).")
+@json_option
+@pass_state
+def profiles_set(state: CliState, workspace: str, protocols, timeout, attempts, judge_pool, rule,
+                 auto_remove_after, resets, as_json: bool) -> None:
+    """Change WORKSPACE's check profile; prints the profile as it is now."""
+    from magpie.judges.store import profile_bounds, set_profile
+
+    changes = {k: v for k, v in (("protocols", protocols), ("timeout", timeout), ("attempts", attempts),
+                                 ("judge_pool", judge_pool), ("rule", rule),
+                                 ("auto_remove_after", auto_remove_after)) if v is not None}
+    changes.update(dict.fromkeys(resets))
+    max_timeout, max_attempts = profile_bounds(state.settings)
+    with user_errors(ValueError):
+        prof = set_profile(state.engine, workspace, changes, max_timeout=max_timeout,
+                           max_attempts=max_attempts, **_changed(state))
+    _show(as_json, prof)
+
+
+COMMANDS: list = [judges, profiles]

@@ -7,6 +7,8 @@
   overwrites a newer ``last_checked_at``),
 * ``stats_ledger`` rows for the applied stream ids. An id already in the ledger is skipped, so a replay
   (a crash between commit and ``XACK``, or two consumers holding the same entry) applies it once.
+* ``reputation_dirty`` rows for the routes written (a maintenance job recomputes their reputation).
+* ``route_failures``: per (workspace, route) failure streaks (:mod:`magpie.judges.failures`).
 
 The referenced routes are locked against deletion until commit and their hash compared, so a result never
 lands on a deleted route or on another route that reuses the id. Results the database rejects are
@@ -29,6 +31,7 @@ import psycopg2
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.judges.failures import update_failures
 from magpie.stats.entry import DeadLetter, MalformedEntry, StreamEntry
 
 _ROUTES = "SELECT id, route_hash FROM routes WHERE id = ANY(%s::bigint[]) ORDER BY id FOR KEY SHARE"
@@ -73,6 +76,12 @@ _HEALTH_UPDATE = """
          AS u(route_id, n, n_alive, cf, last_alive_at, newer, checked_at, alive, latency_ms, status,
               anonymity, error, attempts)
     WHERE h.route_id = u.route_id
+"""
+
+_MARK_DIRTY = """
+    INSERT INTO reputation_dirty (route_id)
+    SELECT r FROM unnest(%s::bigint[]) AS r ORDER BY r
+    ON CONFLICT (route_id) DO NOTHING
 """
 
 
@@ -238,6 +247,7 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int,
         ),
     )
     _update_health(conn, todo)
+    update_failures(conn, todo)  # per (workspace, route) failure streaks (magpie.judges.failures)
     return len(todo), replayed, dead
 
 
@@ -281,6 +291,7 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
         for col, v in zip(cols, row):
             col.append(v)
     conn.exec_driver_sql(_HEALTH_UPDATE, cols)
+    conn.exec_driver_sql(_MARK_DIRTY, (route_ids,))  # reputation recomputes them (magpie.derived)
 
 
 __all__ = [

@@ -498,3 +498,24 @@ def test_promote_sends_each_quarantined_lease_in_a_message_of_its_own(q):
     assert promote(q, messages.append, budget=100, max_inflight=100, routes_per_task=10) == 6
     alone = [m for m in messages if any(d["alone"] for d in m)]
     assert sorted(len(m) for m in messages) == [1, 1, 4] and len(alone) == 2
+
+
+def test_two_pools_run_one_quarantined_check_at_a_time_between_them(q):
+    from magpie.queue.quarantine import QuarantineSlot
+
+    seed(q, [200] * 6)
+    slot = QuarantineSlot(q.r, q.keys.prefix)
+    shared = FakeEngine()
+    pools = [make_pool(q, shared, Published(q), quarantine=slot) for _ in range(2)]
+    try:
+        leases = q.pop(6)
+        for le in leases:
+            le.alone = True
+        pools[0].submit(leases[:3])
+        pools[1].submit(leases[3:])
+        assert all(p.wait_idle(20) for p in pools)
+    finally:
+        for p in pools:
+            p.close()
+    assert shared.peak == 1 and sum(p.totals.completed for p in pools) == 6
+    assert slot.holder() is None  # given back after each check

@@ -1,0 +1,289 @@
+"""Ownership off the hot path: auto-remove after N failures, batched verification, fenced application.
+
+Three steps, none of them on a check's path:
+
+1. **Auto-remove** (job ``route_ownership``): a workspace whose profile sets ``auto_remove_after = N``
+   loses its ownership (``route_workspaces``) of every route with ``N`` consecutive failures under its
+   profile (:data:`magpie.judges.failures.STREAK_SQL`, kept by ingestion); batched, ``FOR UPDATE SKIP
+   LOCKED``.
+2. **Verification** (same job): a batch of routes at a time (resume cursor in the job's state, and at once
+   for the routes step 1 touched), the Redis payload's owners (read first) are compared with PostgreSQL's
+   (read second, so an import that reached Redis has reached PostgreSQL too). Owners Redis has and
+   PostgreSQL does not are recorded as *pending drops* in the hash ``<prefix>owners:drop`` (route hash ->
+   workspace ids); owners PostgreSQL has and Redis lacks are merged back through the import's own
+   schedule merge. A route no workspace owns that has left Redis is deleted from PostgreSQL.
+3. **Application** (the check pool, :class:`OwnerChanges`): when a leased route with a pending drop
+   finishes its check, its lease completes through the fenced ``complete_with_payload`` (only the delta is
+   applied to the payload as stored now, so workspaces a concurrent import added stay) or, when no owner
+   is left, the fenced removal, which refuses when an import changed the payload after the claim; the
+   completion then applies the delta instead and the route stays with the import's owners. The pending
+   drop is cleared only if unchanged meanwhile (compare-and-delete). One ``HMGET`` per completion flush.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import sqlalchemy as sa
+
+from magpie.judges.failures import STREAK_SQL
+from magpie.maintenance.base import Job, JobContext
+
+log = logging.getLogger(__name__)
+
+_CAD = "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end return 0"
+
+_AUTO_REMOVE = f"""
+    WITH due AS (
+        SELECT rw.workspace_id, rw.route_id FROM check_profiles p
+        JOIN route_workspaces rw ON rw.workspace_id = p.workspace_id
+        JOIN route_health h ON h.route_id = rw.route_id
+        LEFT JOIN route_failures f ON f.workspace_id = rw.workspace_id AND f.route_id = rw.route_id
+        WHERE p.auto_remove_after IS NOT NULL AND {STREAK_SQL} >= p.auto_remove_after
+        ORDER BY rw.workspace_id, rw.route_id LIMIT :batch
+        FOR UPDATE OF rw SKIP LOCKED
+    ), cleared AS (
+        DELETE FROM route_failures f USING due
+        WHERE f.workspace_id = due.workspace_id AND f.route_id = due.route_id
+    )
+    DELETE FROM route_workspaces rw USING due
+    WHERE rw.workspace_id = due.workspace_id AND rw.route_id = due.route_id
+    RETURNING rw.route_id
+"""
+_BATCH = "SELECT id, route_hash FROM routes WHERE id > :after ORDER BY id LIMIT :batch"
+_BY_IDS = "SELECT id, route_hash FROM routes WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
+_OWNERS = ("SELECT route_id, array_agg(workspace_id) FROM route_workspaces "
+           "WHERE route_id = ANY(CAST(:ids AS bigint[])) GROUP BY route_id")
+_DELETE_GONE = """
+    DELETE FROM routes r WHERE id = ANY(CAST(:ids AS bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)
+"""
+
+
+def drops_key(prefix: str) -> str:
+    """The hash of pending drops: route hash -> comma-separated workspace ids."""
+    return f"{prefix}owners:drop"
+
+
+def payload_owners(text: str | bytes) -> set[int] | None:
+    """The workspace ids of a payload (any JSON encoding), or None when it is not one."""
+    try:
+        doc = json.loads(text)
+        return {int(x) for x in (doc.get("w") or [])} if isinstance(doc, dict) else None
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
+def _ids(text) -> set[int]:
+    if isinstance(text, bytes):
+        text = text.decode()
+    return {int(x) for x in (text or "").split(",") if x.strip().isdigit()}
+
+
+def with_owners(payload: str, owners) -> str:
+    """``payload`` (stored, compact) with its ``"w"`` list replaced by ``owners``."""
+    head, sep, _ = payload.rpartition('"w":')
+    return head + sep + json.dumps(sorted(set(owners)), separators=(",", ":")) + "}" if sep else payload
+
+
+def read_payloads(queue, members: list[str]) -> list:
+    """The stored payloads of ``members`` (None where missing): one ``MGET`` on the Redis schedule, one
+    read per route on another provider."""
+    keys = getattr(queue, "keys", None)
+    if keys is not None and hasattr(keys, "payload") and hasattr(queue, "r"):
+        return queue.r.mget([keys.payload(m) for m in members])
+    return [queue.payload(m) for m in members]
+
+
+def schedule_of(ctx: JobContext):
+    """The deployment's schedule provider (Redis or PostgreSQL, ``MAGPIE_SCHEDULE_URL``)."""
+    from magpie.queue.provider import create_provider
+
+    return create_provider(None, ctx.settings, redis_client=ctx.redis)
+
+
+def verify_routes(ctx: JobContext, rows, queue) -> dict:
+    """Step 2 of the module doc for ``rows`` of ``(id, route_hash)``; returns counts."""
+    out = {"verified": 0, "drops": 0, "readded": 0, "deleted": 0}
+    if not rows:
+        return out
+    members = [h.strip() for _, h in rows]
+    payloads = read_payloads(queue, members)  # the schedule first
+    with ctx.engine.connect() as conn:
+        owners = dict(conn.execute(sa.text(_OWNERS), {"ids": [r[0] for r in rows]}).all())
+    key = drops_key(ctx.settings.redis_prefix)
+    pending = ctx.redis.hmget(key, members)
+    gone: list[int] = []
+    readd: list[tuple[str, str]] = []
+    for (rid, _), member, raw, old in zip(rows, members, payloads, pending):
+        pg_owners = set(owners.get(rid) or ())
+        out["verified"] += 1
+        if raw is None:
+            if not pg_owners:
+                gone.append(rid)
+            continue
+        text = raw.decode() if isinstance(raw, bytes) else raw
+        have = payload_owners(text)
+        if have is None:
+            continue
+        drop = have - pg_owners
+        if drop:
+            merged = sorted(drop | (_ids(old) & have))
+            ctx.redis.hset(key, member, ",".join(map(str, merged)))
+            out["drops"] += 1
+        if pg_owners - have:
+            readd.append((member, with_owners(text, pg_owners - have)))
+    if readd:
+        queue.schedule(readd)
+        out["readded"] += len(readd)
+    if gone:
+        with ctx.engine.begin() as conn:
+            ctx.fence(conn)
+            out["deleted"] += conn.execute(sa.text(_DELETE_GONE), {"ids": gone}).rowcount
+    return out
+
+
+class RouteOwnershipJob(Job):
+    name = "route_ownership"
+    every = 60.0
+    description = "auto-remove ownership after N failures; verify owners against Redis in batches"
+
+    def run(self, ctx: JobContext) -> dict:
+        queue = schedule_of(ctx)
+        total = {"auto_removed": 0, "verified": 0, "drops": 0, "readded": 0, "deleted": 0}
+
+        def add(counts):
+            for k, v in counts.items():
+                total[k] += v
+
+        touched: set[int] = set()
+        while not ctx.should_stop():  # step 1
+            with ctx.engine.begin() as conn:
+                ctx.fence(conn)
+                ids = list(conn.execute(sa.text(_AUTO_REMOVE), {"batch": ctx.batch_size}).scalars())
+            ctx.tick()
+            total["auto_removed"] += len(ids)
+            touched.update(ids)
+            if len(ids) < ctx.batch_size:
+                break
+        for i in range(0, len(touched), ctx.batch_size):  # the touched routes at once
+            chunk = sorted(touched)[i: i + ctx.batch_size]
+            with ctx.engine.connect() as conn:
+                rows = conn.execute(sa.text(_BY_IDS), {"ids": chunk}).all()
+            add(verify_routes(ctx, rows, queue))
+        after = int(ctx.state.get("after", 0))
+        while not ctx.should_stop():  # step 2, resumable
+            with ctx.engine.connect() as conn:
+                rows = conn.execute(sa.text(_BATCH), {"after": after, "batch": ctx.batch_size}).all()
+            add(verify_routes(ctx, rows, queue))
+            ctx.tick()
+            after = rows[-1][0] if len(rows) == ctx.batch_size else 0
+            ctx.save_state({"after": after})
+            if after == 0:
+                return {**total, "complete": True}
+        return {**total, "complete": False}
+
+
+class OwnerChanges:
+    """Step 3 of the module doc, called by the check pool at each completion flush.
+
+    Args:
+        queue: the schedule provider the leases come from (Redis or PostgreSQL).
+        stream: the results stream (:class:`magpie.queue.completion.StreamTarget`) a completed route's
+            result is appended to (after the completion; dropped when the stream is at its bound).
+        redis: client on the Redis holding the pending drops and the stream.
+        prefix: key prefix (``MAGPIE_REDIS_PREFIX``).
+    """
+
+    def __init__(self, queue, stream, redis, prefix: str) -> None:
+        self.queue = queue
+        self.stream = stream
+        self.r = redis
+        self.key = drops_key(prefix)
+        self.applied = self.removed = self.kept_by_import = 0
+
+    def __call__(self, done: list, report) -> list:
+        """Apply pending drops to the leases of ``done`` (``(lease, payload, result)`` triples) that
+        have one; returns the others, which the pool completes as usual. Counts go to ``report``."""
+        from magpie.errors import Refusal
+        from magpie.queue import QueueError
+
+        if not done:
+            return done
+        r = self.r
+        key = self.key
+        try:
+            pending = r.hmget(key, [le.member for le, _, _ in done])
+        except Exception:  # noqa: BLE001 - Redis trouble: complete as usual, the drop waits a cycle
+            return done
+        if not any(pending):
+            return done
+        rest = []
+        for item, raw in zip(done, pending):
+            if raw is None:
+                rest.append(item)
+                continue
+            le, payload, res = item
+            drop = _ids(raw)
+            want = [w for w in payload.workspaces if w not in drop]
+            if len(want) == len(payload.workspaces):
+                r.eval(_CAD, 1, key, le.member, raw)
+                rest.append(item)
+                continue
+            try:
+                outcome = self._apply(le, want)
+            except QueueError as exc:
+                if exc.code in (Refusal.LEASE_LOST, Refusal.GONE):
+                    report.lease_lost += 1  # nothing to complete any more
+                    continue
+                log.warning("owner change of %s refused (%s); completed without it", le.member, exc)
+                rest.append(item)
+                continue
+            except Exception as exc:  # noqa: BLE001 - Redis trouble: complete as usual, the drop waits
+                log.debug("owner change of %s not applied: %s", le.member, exc)
+                rest.append(item)
+                continue
+            r.eval(_CAD, 1, key, le.member, raw)
+            report.completed += 1
+            self.applied += 1
+            if outcome == "removed":
+                self.removed += 1
+            else:
+                self._publish(payload, res, report)
+        return rest
+
+    def _apply(self, le, want: list[int]) -> str:
+        from magpie.errors import Refusal
+        from magpie.queue import QueueError
+
+        desired = json.dumps({"w": want})  # the merge reads only "w", in any JSON encoding
+        if not want:
+            try:
+                self.queue.remove(le)
+                return "removed"
+            except QueueError as exc:
+                if exc.code is not Refusal.PAYLOAD_CHANGED:
+                    raise
+                self.kept_by_import += 1  # an import changed it after the claim: apply the delta only
+        return self.queue.complete_with_payload(le, desired)
+
+    def _publish(self, payload, res, report) -> None:
+        from magpie.judges.failures import OWNERS_FIELD
+        from magpie.stats.entry import entry_fields
+
+        fields = entry_fields(res, payload.route_id, payload.route_hash)
+        if res.owners:
+            fields[OWNERS_FIELD] = res.owners
+        r = self.r
+        try:
+            if r.xlen(self.stream.key) >= self.stream.maxlen:
+                report.dropped += 1
+                return
+            r.xadd(self.stream.key, fields)
+        except Exception:  # noqa: BLE001 - the route completed; its result is lost, not its schedule
+            log.warning("result of %s not published after its owner change", payload.route_hash)
+            report.dropped += 1
+
+
+JOB = RouteOwnershipJob()
