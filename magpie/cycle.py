@@ -74,15 +74,21 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
 
     ``MAGPIE_PROMOTE_BUDGET`` holds per second across concurrent passes (two beats, a restart's burst):
     each pass takes its budget from a per-second bucket in Redis (:func:`take_promote_budget`) and hands
-    back what it did not claim.
+    back what it did not claim. Fair shares from the live instances (:func:`magpie.instances.promote_shares`):
+    a pass asks for the budget divided by the live beats, and its leases go out in messages of at most
+    the granted routes divided by the live check engines, so every engine gets a share.
     """
+    from magpie.instances import fair_share, promote_shares
+
     sched = getattr(settings, "schedule", settings)
-    granted, second = take_promote_budget(queue, sched.promote_budget)
+    shares = promote_shares(queue, sched.promote_budget)  # live beats and check engines (magpie.instances)
+    granted, second = take_promote_budget(queue, sched.promote_budget, want=shares.want)
     if granted <= 0:
         return 0
+    per_task = min(sched.routes_per_task, fair_share(granted, shares.engines))  # every engine gets leases
     # If promote raises, nothing is handed back: the bucket errs on the safe side.
     claimed = promote(queue, dispatch, budget=granted, max_inflight=sched.max_inflight,
-                      pop_batch=sched.pop_batch, routes_per_task=sched.routes_per_task, capacity=capacity)
+                      pop_batch=sched.pop_batch, routes_per_task=per_task, capacity=capacity)
     if claimed < granted:
         give_back_promote_budget(queue, granted - claimed, second)
     return claimed
@@ -100,13 +106,14 @@ def budget_key(queue: RouteQueue) -> str:
     return queue.keys.base + "promote_budget"
 
 
-def take_promote_budget(queue: RouteQueue, budget: int) -> tuple[int, int]:
-    """Take up to ``budget`` routes from this second's shared promote budget (``lua/promote_budget.lua``,
-    Redis clock): ``(granted, second)``. Passes in the same second share ``budget`` between them.
+def take_promote_budget(queue: RouteQueue, budget: int, want: int | None = None) -> tuple[int, int]:
+    """Take up to ``want`` (default ``budget``) routes from this second's shared promote budget
+    (``lua/promote_budget.lua``, Redis clock): ``(granted, second)``. Passes in the same second share
+    ``budget`` between them.
 
     Raises ``redis.RedisError`` when Redis is unreachable."""
     granted, second = queue.r.register_script(_budget_text())(
-        keys=[budget_key(queue)], args=["take", int(budget), int(budget)])
+        keys=[budget_key(queue)], args=["take", int(budget if want is None else want), int(budget)])
     return int(granted), int(second)
 
 

@@ -18,7 +18,8 @@ def _ts(v) -> str:
 
 @click.group("maintenance")
 def maintenance() -> None:
-    """Maintenance jobs: retention, partitions, daily counters, cleanup, schedule rebuild."""
+    """Maintenance jobs: retention, partitions, daily counters, cleanup, schedule rebuild, reputation,
+    rollups and the instance registry."""
 
 
 @maintenance.command("run")
@@ -54,17 +55,42 @@ def maintenance_run(state: CliState, job: str, as_json: bool, batch_size, max_ba
     sys.exit(1 if any(r["status"] == "error" for r in results) else 0)
 
 
+def _heartbeats(state: CliState) -> dict:
+    """The per-process family ``instance_heartbeat`` as a status row: its cadence, and as last success
+    the newest refresh of a live instance (every process refreshes its own record; no leader)."""
+    from datetime import datetime
+
+    import redis
+
+    from magpie.instances import InstanceRegistry
+
+    s = state.settings
+    try:
+        live = InstanceRegistry(state.redis, s.redis_prefix).list_live()
+        newest = max((datetime.fromisoformat(r["refreshed_at"]) for r in live if r.get("refreshed_at")),
+                     default=None)
+        err = None
+    except redis.RedisError as exc:
+        live, newest, err = [], None, f"Redis error: {exc}"
+    return {"job": "instance_heartbeat", "description": f"every worker and beat refreshes its instance "
+            f"record (TTL {s.instance_ttl:g} s); {len(live)} live", "every_s": s.instance_heartbeat,
+            "leader_active": None, "per_process": True, "last_started_at": newest, "last_finished_at": newest,
+            "last_success_at": newest, "last_error_at": None, "last_error": err, "last_duration_s": None,
+            "last_result": {"live": len(live)}, "state": {}, "runs_total": 0, "failures_total": 0}
+
+
 @maintenance.command("status")
 @json_option
 @pass_state
 def maintenance_status(state: CliState, as_json: bool) -> None:
-    """Per job: cadence, leader held now, last start / success / error, runs and failures."""
+    """Every family: cadence, leader held now, last start / success / error, runs and failures; the
+    per-process instance heartbeat last (its last success is the newest live refresh)."""
     from rich.table import Table
     from rich.text import Text
 
     from magpie.maintenance.runner import job_status
 
-    rows = job_status(state.settings, engine=state.engine, redis=state.redis)
+    rows = job_status(state.settings, engine=state.engine, redis=state.redis) + [_heartbeats(state)]
     if as_json:
         echo_json(rows)
         return
@@ -74,6 +100,8 @@ def maintenance_status(state: CliState, as_json: bool) -> None:
         t.add_column(col)
     for r in rows:
         leader = {True: "held", False: "-", None: "?"}[r["leader_active"]]
+        if r.get("per_process"):
+            leader = "per process"
         t.add_row(r["job"], f"{r['every_s']:g}", leader, _ts(r["last_started_at"]), _ts(r["last_success_at"]),
                   str(r["runs_total"]), str(r["failures_total"]),
                   Text((r["last_error"] or "")[:60]))  # an error message is not markup

@@ -1,17 +1,20 @@
-"""``magpie stats status`` (results stream backlog, dead letters, ingestion backoff) and ``magpie stats
-redrive`` (move dead-lettered results back into the stream; applied at most once through the ledger)."""
+"""``magpie stats status`` (results stream backlog, dead letters, ingestion backoff), ``magpie stats
+redrive`` (move dead-lettered results back into the stream; applied at most once through the ledger) and
+the rollups: ``stats timeline`` (10-minute snapshots), ``stats hourly``, ``stats sources``, ``stats usage``
+(:mod:`magpie.derived.read`)."""
 
 from __future__ import annotations
 
 import click
 
 from magpie.cli.context import CliState, json_option, pass_state
-from magpie.cli.output import echo_json
+from magpie.cli.output import echo_json, rows_table
 
 
 @click.group("stats")
 def stats() -> None:
-    """Statistics ingestion: the results stream, its dead letters, redrive."""
+    """Statistics: ingestion (results stream, dead letters, redrive) and the rollups (timeline, hourly,
+    sources, usage)."""
 
 
 @stats.command("status")
@@ -59,6 +62,94 @@ def stats_redrive(state: CliState, limit: int | None, discard_unrecoverable: boo
     if discard_unrecoverable:
         line += f" discarded={rep.discarded}"
     click.echo(line)
+
+
+_workspace = click.option("--workspace", "-w", default=None, help="Only this workspace.")
+_hours = click.option("--hours", type=click.FloatRange(min=0.1, max=24 * 400), default=24.0,
+                      show_default=True,
+                      help="How far back, in hours.")
+
+
+def _pct(part, whole) -> str:
+    return f"{100.0 * part / whole:.0f}%" if whole else "-"
+
+
+@stats.command("timeline")
+@_workspace
+@_hours
+@json_option
+@pass_state
+def stats_timeline(state: CliState, workspace: str | None, hours: float, as_json: bool) -> None:
+    """Alive and total routes per workspace and protocol, one row per 10-minute snapshot, newest first."""
+    from magpie.derived.read import timeline
+
+    rows = timeline(state.engine, workspace, hours)
+    if as_json:
+        echo_json(rows)
+        return
+    rows_table("workspace timeline (10-minute snapshots, UTC)", ["taken at", "workspace", "protocol", "alive",
+                                                                 "total", "alive %"],
+               [[r["taken_at"], r["workspace"], r["protocol"], r["alive"], r["total"],
+                 _pct(r["alive"], r["total"])] for r in rows])
+
+
+@stats.command("hourly")
+@_workspace
+@_hours
+@json_option
+@pass_state
+def stats_hourly(state: CliState, workspace: str | None, hours: float, as_json: bool) -> None:
+    """Checks, alive checks and distinct routes checked per workspace and UTC hour, newest first."""
+    from magpie.derived.read import hourly
+
+    rows = hourly(state.engine, workspace, hours)
+    if as_json:
+        echo_json(rows)
+        return
+    rows_table("hourly route counts (UTC)", ["hour", "workspace", "checks", "alive", "routes checked",
+                                             "routes alive"],
+               [[r["hour"], r["workspace"], r["checks"], r["alive"], r["routes_checked"], r["routes_alive"]]
+                for r in rows])
+
+
+@stats.command("sources")
+@_workspace
+@json_option
+@pass_state
+def stats_sources(state: CliState, workspace: str | None, as_json: bool) -> None:
+    """Per import source (file or list name): routes, alive, checked, mean latency and reputation."""
+    from magpie.derived.read import sources
+
+    rows = sources(state.engine, workspace)
+    if as_json:
+        echo_json(rows)
+        return
+    rows_table("source statistics", ["workspace", "source", "routes", "alive", "checked", "latency ms",
+                                     "score", "refreshed (UTC)"],
+               [[r["workspace"], r["source"], r["routes"], r["alive"], r["checked"],
+                 None if r["latency_avg_ms"] is None else f"{r['latency_avg_ms']:.0f}",
+                 None if r["score_avg"] is None else f"{r['score_avg']:.1f}", r["refreshed_at"]]
+                for r in rows])
+
+
+@stats.command("usage")
+@_workspace
+@click.option("--days", type=click.IntRange(1, 3650), default=30, show_default=True,
+              help="How far back, in days.")
+@json_option
+@pass_state
+def stats_usage(state: CliState, workspace: str | None, days: int, as_json: bool) -> None:
+    """Daily workspace usage: routes and sources owned, checks run, newest day first."""
+    from magpie.derived.read import usage
+
+    rows = usage(state.engine, workspace, days)
+    if as_json:
+        echo_json(rows)
+        return
+    rows_table("workspace usage (UTC days)",
+               ["day", "workspace", "routes", "sources", "checks", "alive checks"],
+               [[str(r["day"]), r["workspace"], r["routes"], r["sources"], r["checks"], r["alive_checks"]]
+                for r in rows])
 
 
 COMMANDS = [stats]
