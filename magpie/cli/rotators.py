@@ -150,19 +150,9 @@ def rotators_remove(state: CliState, name) -> None:
 @pass_state
 def rotators_list(state: CliState, as_json) -> None:
     """Every rotator with its instance, port, pool size and state."""
-    from magpie.rotator.process import read_states
-    from magpie.rotator.service import list_rotators
+    from magpie.rotator.process import list_with_state
 
-    rows = list_rotators(state.engine)
-    states = read_states(state.redis, state.settings.redis_prefix, [r["id"] for r in rows])
-    for r in rows:
-        st = states.get(r["id"], {})
-        r["state"] = st.get("state", "unassigned" if not r["instance"] else "not running")
-        r["pool"] = st.get("pool")
-        r["connections"] = st.get("connections")
-        r["upstream_failures"] = st.get("upstream_failures")
-        if st.get("error"):
-            r["error"] = st["error"]
+    rows = list_with_state(state.engine, state.redis, state.settings.redis_prefix)
     if as_json:
         echo_json(rows)
         return

@@ -60,7 +60,8 @@ def filter_sql(filters: dict, key: str = "") -> tuple[str, dict]:
                      f"AND rr.label = :{key}rep)")
         params[f"{key}rep"] = filters["reputation"]
     if filters.get("country"):
-        where.append(f"r.country = ANY(:{key}country)")
+        where.append("EXISTS (SELECT 1 FROM route_enrichment re WHERE re.route_id = r.id "
+                     f"AND re.country = ANY(:{key}country))")
         params[f"{key}country"] = list(filters["country"])
     return "".join(f" AND {w}" for w in where), params
 

@@ -37,7 +37,7 @@ from magpie.leader import LeaderLock
 from magpie.rotator.listener import Listener, ListenerSpec
 from magpie.rotator.models import Rotator
 from magpie.rotator.pool import RoutePool, load_pool
-from magpie.rotator.service import channel, load_rows
+from magpie.rotator.service import channel, list_rotators, load_rows
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +56,27 @@ def read_states(client: redis_lib.Redis, prefix: str, ids: list[int]) -> dict[in
         return {}
     raw = client.mget([state_key(prefix, i) for i in ids])
     return {i: json.loads(v) for i, v in zip(ids, raw) if v}
+
+
+def list_with_state(engine, client: redis_lib.Redis, prefix: str) -> list[dict]:
+    """Every rotator (:func:`magpie.rotator.service.list_rotators`, by port) merged with its published state.
+
+    Each dict gains ``state`` (``serving``, ``error``, ``not running`` when assigned but nothing is
+    published, ``unassigned``), ``error`` (the reason, only in state ``error``), and the listener's
+    figures, None when not serving: ``pool`` (eligible routes), ``connections`` (client connections since
+    the listener started), ``active``, ``upstream_failures``, ``bytes_up`` / ``bytes_down`` (bytes).
+    Raises ``redis.RedisError`` / SQLAlchemy errors from the reads.
+    """
+    rows = list_rotators(engine)
+    states = read_states(client, prefix, [r["id"] for r in rows])
+    for r in rows:
+        st = states.get(r["id"], {})
+        r["state"] = st.get("state", "unassigned" if not r["instance"] else "not running")
+        for k in ("pool", "connections", "active", "upstream_failures", "bytes_up", "bytes_down"):
+            r[k] = st.get(k)
+        if st.get("error"):
+            r["error"] = st["error"]
+    return rows
 
 
 def assign(engine, registry: InstanceRegistry, lock: LeaderLock | None) -> dict[str, int]:
@@ -150,7 +171,7 @@ class RotatorProcess:
                     if time.monotonic() >= next_pool:
                         await self.refresh_pools()
                         next_pool = time.monotonic() + self.s.rotator_pool_refresh
-                except Exception:  # noqa: BLE001 - PostgreSQL/Redis away: try again next cadence
+                except Exception:
                     log.exception("rotator %s: reconciliation failed", self.id)
                 waiter = asyncio.ensure_future(self._wake.wait())
                 stopper = asyncio.ensure_future(stop.wait())
@@ -212,7 +233,7 @@ class RotatorProcess:
                     log.info("rotator assigner: %(assigned)d assigned, %(moved)d moved over %(instances)d "
                              "instances", got)
                     self.redis.publish(channel(self.prefix), "assigned")
-        except Exception:  # noqa: BLE001 - a stale or unreachable leader simply tries next time
+        except Exception:
             log.warning("rotator assigner pass failed", exc_info=True)
 
     def _spec(self, row) -> ListenerSpec:

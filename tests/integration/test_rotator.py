@@ -409,3 +409,31 @@ def test_rotators_commands(db, settings, monkeypatch):
     assert run(main, ["rotators", "remove", "a"]).exit_code == 0
     assert run(main, ["rotators", "remove", "a"]).exit_code == 2
     get_settings.cache_clear()
+
+
+def test_pool_filters_by_country_reputation_latency_and_credentials(db, keyring, lab):
+    from magpie.egress import EgressPolicy
+    from magpie.rotator.pool import load_pool
+
+    wid = seed(db, keyring, lab, names=("http-elite", "socks5-elite", "socks5-auth"))
+    port = {n: lab.proxy(n).route.port for n in ("http-elite", "socks5-elite", "socks5-auth")}
+    with db.begin() as c:
+        ids = dict(c.execute(sa.text("SELECT port, id FROM routes")).all())
+        c.execute(sa.text("INSERT INTO route_enrichment (route_id, country) VALUES (:a, 'DE'), (:b, 'NL')"),
+                  {"a": ids[port["socks5-elite"]], "b": ids[port["http-elite"]]})
+        c.execute(sa.text("INSERT INTO route_reputation (route_id, score, label, uptime, recency, latency, anonymity, "
+                          "streak, checks) VALUES (:a, 90, 'good', 1, 1, 1, 1, 1, 10), "
+                          "(:b, 30, 'poor', 0, 0, 0, 0, 0, 10)"),
+                  {"a": ids[port["socks5-auth"]], "b": ids[port["socks5-elite"]]})
+
+    def ports(filters, **kw):
+        return sorted(u.port for u in load_pool(db, keyring, wid, filters, **kw))
+
+    assert ports({"country": ["DE"]}) == [port["socks5-elite"]]
+    assert ports({"reputation": "good"}) == [port["socks5-auth"]]
+    assert ports({"protocols": ["socks5"], "max_latency_ms": 11.5}) == [port["socks5-elite"]]
+    [auth] = load_pool(db, keyring, wid, {"reputation": "good"})
+    assert (auth.username, auth.password) == (lab.proxy("socks5-auth").route.username,
+                                              lab.proxy("socks5-auth").route.password)
+    assert lab.proxy("socks5-auth").route.password not in repr(auth)
+    assert ports({}, egress=EgressPolicy(False)) == []  # loopback routes refused by the default guard

@@ -1,0 +1,98 @@
+"""Fault suite with figures: every scenario of ``magpie.lab.chaos`` against the Procfile's real processes.
+
+Each scenario starts private Redis servers (schedule, and the broker where it matters) and a database of
+its own on one private PostgreSQL cluster (``initdb`` on a free port, created for the run), the judge and
+the lab's fault servers, then the Procfile's processes (worker-promote, worker-checks, worker-jobs, beat)
+as children of this script, which plays their supervisor; it injects its fault, measures from the stores
+(results stream, ``check_history``, the schedule) and stops everything it started by PID. The shared
+Redis and PostgreSQL on the default ports are never touched.
+
+Scenarios, each named after the public bug class it reproduces:
+
+  kill-loop                      SIGKILL pool children and whole check workers (celery#1628, kombu#337)
+  sigstop-past-lease             SIGSTOP a worker past its leases, SIGCONT (bullmq stalled-lock class)
+  poison-route                   a route that kills the process checking it (celery#10462)
+  trickle-proxy                  a proxy sending one byte a second
+  redis-restarted-empty          the schedule's Redis restarted with no data (celery#1307)
+  postgres-stopped-and-read-only PostgreSQL stopped, then read-only (answers pings, refuses writes)
+  broker-restart                 the broker's Redis restarted empty
+  two-beats                      two beat processes (redbeat#230)
+  catch-up-after-downtime        every route an hour overdue (django-celery-beat#459)
+
+Output: a header (``#`` lines), one ``chaos-scenario name=... <figures> seconds=S ok=0|1`` line per
+scenario, and the last line ``chaos scenarios=N lost=L duplicated=D healthy_dead_lettered=H
+results_lost=R double_leader_runs=B`` (sums over the scenarios). Exit status 1 when a guarantee broke.
+
+    .venv/bin/python benchmarks/chaos.py --quick        # small sizes, outages of seconds (~6 min)
+    .venv/bin/python benchmarks/chaos.py                # full sizes, 60 s database outages (~20 min)
+    .venv/bin/python benchmarks/chaos.py --scenarios kill-loop,two-beats --keep-logs
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from magpie.lab.chaos import SCENARIOS, run_scenario, summary
+from magpie.lab.chaos.servers import PrivatePostgres, ServerError
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small populations and short outages")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of " + ",".join(SCENARIOS))
+    ap.add_argument("--log-dir", help="where process logs go (default: a new /tmp/magpie-chaos-* directory)")
+    ap.add_argument("--keep-logs", action="store_true", help="keep the logs of every scenario (failed ones are "
+                                                              "always kept)")
+    args = ap.parse_args(argv)
+    names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="magpie-chaos-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+
+    print(f"# chaos {time.strftime('%Y-%m-%d %H:%M:%S')} host={platform.node()} python={platform.python_version()} "
+          f"mode={'quick' if args.quick else 'full'} logs={log_dir}", flush=True)
+    try:
+        pg = PrivatePostgres()
+        pg.start()
+    except ServerError as exc:
+        print(f"chaos: {exc}", file=sys.stderr)
+        return 2
+    outcomes = []
+    try:
+        for name in names:
+            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True)
+            outcomes.append(out)
+            print(out.line(), flush=True)
+            for f in out.failures:
+                print(f"#   broken: {f}", flush=True)
+            if not out.failures and not args.keep_logs:
+                import shutil
+
+                shutil.rmtree(log_dir / name, ignore_errors=True)
+    except KeyboardInterrupt:
+        print("# interrupted; everything started was stopped", flush=True)
+        return 130
+    finally:
+        pg.destroy()
+    print(summary(outcomes), flush=True)
+    return 1 if any(o.failures for o in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""Fault scenarios on the check workers: kills, a frozen worker, a poison route, a trickle proxy.
+
+Each function takes a :class:`magpie.lab.chaos.base.Ctx` and returns an
+:class:`magpie.lab.chaos.base.Outcome` whose ``failures`` list the guarantees that did not hold.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import psutil
+
+from magpie.lab.chaos import measure as m
+from magpie.lab.chaos.base import Ctx, Outcome, interval_ms, stack, start_all, wait_until
+from magpie.lab.chaos.poison import PoisonServer
+from magpie.lab.population import population_lines
+
+
+def _recheck(st, since_ms: int, hashes: set[str], timeout: float) -> tuple[float | None, set[str]]:
+    """Wait until every route of ``hashes`` has a result at or after ``since_ms``; (seconds, missing)."""
+    missing = set(hashes)
+
+    def done() -> bool:
+        nonlocal missing
+        missing = hashes - m.checked_since(m.stream_results(st.r, st.settings().redis_prefix), since_ms)
+        return not missing
+    return wait_until(done, timeout), missing
+
+
+def kill_loop(ctx: Ctx) -> Outcome:
+    """SIGKILL pool children and whole check workers in a loop (celery#1628, kombu#337): no route lost,
+    no result lost or duplicated, no healthy route dead-lettered; the harness restarts a killed worker
+    as a supervisor would."""
+    out = Outcome("kill-loop", "celery#1628,kombu#337")
+    n, kills, gap = (40, 3, 2.0) if ctx.quick else (150, 30, 3.0)
+    rng = random.Random(7)
+    with stack(ctx, out.name) as st:
+        st.import_lines(population_lines(st.address("echo"), n))
+        start_all(st)
+        time.sleep(3)
+        child = whole = restarts = 0
+        for i in range(kills):
+            if not st.running("checks"):  # killed while starting: Celery exits entirely; the supervisor restarts
+                st.spawn("checks")
+                restarts += 1
+                time.sleep(gap)
+            worker = st.running("checks")[0]
+            kids = worker.children()
+            if i % 3 == 2 or not kids:  # whole worker and its pool children, then restarted
+                worker.signal_group(signal.SIGKILL)
+                worker.popen.wait()
+                st.spawn("checks")
+                whole += 1
+            else:
+                try:
+                    os.kill(rng.choice(kids), signal.SIGKILL)
+                    child += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(gap)
+        last = m.redis_ms(st.r)
+        if not st.running("checks"):
+            st.spawn("checks")
+            restarts += 1
+        hashes = set(m.route_kinds(st))
+        took, missing = _recheck(st, last, hashes, 30 + float(st.env["MAGPIE_LEASE_SECONDS"]))
+        st.stop_processes(("promote", "checks"))
+        acc = m.result_accounting(st, interval_ms(st))
+        routes = m.route_accounting(st)
+        out.figures = {"routes": n, "child_kills": child, "worker_kills": whole,
+                       "supervisor_restarts": restarts,
+                       "lost": routes["lost"] + len(missing), "duplicated": acc["duplicated"],
+                       "healthy_dead_lettered": routes["healthy_dead_lettered"],
+                       "results_lost": acc["results_lost"], "results": acc["published"],
+                       "recovered_s": round(took, 1) if took is not None else -1.0}
+        out.expect_zero("lost", "duplicated", "healthy_dead_lettered", "results_lost")
+    return out
+
+
+def _inflight(worker, address: str) -> int:
+    """TCP connections the worker's processes hold to ``address`` (checks in flight through it)."""
+    host, port = address.rsplit(":", 1)
+    n = 0
+    for pid in worker.pids():
+        try:
+            n += sum(1 for c in psutil.Process(pid).net_connections("tcp4")
+                     if c.raddr and c.raddr.ip == host and c.raddr.port == int(port))
+        except psutil.Error:
+            pass
+    return n
+
+
+def sigstop(ctx: Ctx) -> Outcome:
+    """SIGSTOP a check worker with checks in flight past its leases' expiry, let another worker take the
+    routes over, then SIGCONT it (the bullmq stalled-lock class): none of its late completions takes
+    effect (no cycle completed twice), nothing lost."""
+    from magpie.counters import read_counters
+
+    out = Outcome("sigstop-past-lease", "bullmq-stalled-lock")
+    n = 30 if ctx.quick else 120
+    lease = 6.0
+    env = {"MAGPIE_CHECK_TIMEOUT": "3", "MAGPIE_LEASE_SECONDS": f"{lease:g}", "MAGPIE_RENEW_BELOW_SECONDS": "2",
+           "MAGPIE_CHECK_INTERVAL": "3", "CHAOS_SLOW_DELAY": "1.5"}
+    with stack(ctx, out.name, env=env) as st:
+        st.import_lines(population_lines(st.address("slow"), n))
+        start_all(st, checks=2)
+        prefix = st.settings().redis_prefix
+        victim = None
+
+        def busy() -> bool:  # the worker with checks in flight now is the one to freeze
+            nonlocal victim
+            victim = next((w for w in st.running("checks") if _inflight(w, st.address("slow")) > 0), None)
+            return victim is not None
+        if wait_until(busy, 30, 0.1) is None:
+            raise RuntimeError(f"{out.name}: no check worker ever had a check in flight\n{st.log_tail()}")
+        stale0 = read_counters(st.r, prefix)["stale"]
+        victim.signal_group(signal.SIGSTOP)
+        held = _inflight(victim, st.address("slow"))
+        t_stop = m.redis_ms(st.r)
+        time.sleep(lease + 4)
+        victim.signal_group(signal.SIGCONT)
+        time.sleep(8 if ctx.quick else 20)
+        st.stop_processes(("promote", "checks"))
+        acc = m.result_accounting(st, interval_ms(st))
+        routes = m.route_accounting(st)
+        results = m.stream_results(st.r, prefix)
+        late = m.double_completions(results, interval_ms(st), since_ms=t_stop)
+        out.figures = {"routes": n, "inflight_at_stop": held, "late_writes_applied": late,
+                       "late_completions_refused": read_counters(st.r, prefix)["stale"] - stale0,
+                       "lost": routes["lost"], "duplicated": acc["duplicated"],
+                       "results_lost": acc["results_lost"], "results": acc["published"],
+                       "healthy_dead_lettered": routes["healthy_dead_lettered"]}
+        out.expect(held > 0, "the stopped worker held no check in flight (scenario did not happen)")
+        out.expect_zero("late_writes_applied", "lost", "duplicated", "results_lost", "healthy_dead_lettered")
+    return out
+
+
+def poison(ctx: Ctx) -> Outcome:
+    """A route whose check kills its process (celery#10462): it is dead-lettered within MAX_STALLED + 1
+    claims (the first makes it a suspect, the rest run in quarantine), no healthy neighbour is
+    dead-lettered, and the others keep flowing."""
+    out = Outcome("poison-route", "celery#10462")
+    n = 40 if ctx.quick else 150
+    max_stalled = 2 if ctx.quick else 3  # the bound is max(MAX_STALLED + 1, 3) claims
+    with stack(ctx, out.name, env={"MAGPIE_MAX_STALLED": str(max_stalled)}) as st:
+        srv = PoisonServer("127.0.0.130", st.all_pids)
+        try:
+            st.extra_kinds = {srv.address.rsplit(":", 1)[0]: "poison"}
+            lines = population_lines(st.address("echo"), n)
+            lines.insert(n // 2, population_lines(srv.address, 1, start=10**6)[0])
+            st.import_lines(lines)
+            kinds = m.route_kinds(st)
+            bad = {h for h, k in kinds.items() if k == "poison"}
+            healthy = set(kinds) - bad
+            start_all(st)
+            lease = float(st.env["MAGPIE_LEASE_SECONDS"])
+            timeout = (max_stalled + 4) * (lease + 3) + 20
+            took = wait_until(lambda: bad <= m.schedule_members(st)[1], timeout)
+            after = m.redis_ms(st.r)
+            _, missing = _recheck(st, after, healthy, 3 * float(st.env["MAGPIE_CHECK_INTERVAL"]) + lease + 10)
+            st.stop_processes(("promote", "checks"))
+            acc = m.result_accounting(st, interval_ms(st))
+            routes = m.route_accounting(st, healthy)
+        finally:
+            srv.stop()
+        out.figures = {"routes": n + 1, "max_stalled": max_stalled, "poison_claims": srv.claims,
+                       "poison_claims_in_quarantine": srv.claims - 1,
+                       "processes_killed": srv.kills, "poison_dead_lettered": int(took is not None),
+                       "dead_letter_s": round(took, 1) if took is not None else -1.0,
+                       "healthy_dead_lettered": routes["healthy_dead_lettered"],
+                       "healthy_flowing_pct": round(100.0 * (len(healthy) - len(missing)) / len(healthy), 1),
+                       "lost": routes["lost"], "duplicated": acc["duplicated"],
+                       "results_lost": acc["results_lost"]}
+        out.expect(took is not None, "the poison route was never dead-lettered")
+        # the first claim only makes the route a suspect (a crash may be a neighbour's); from the second on
+        # it is checked alone; MAX_STALLED + 1 claims in all dead-letter it (docs/design.md)
+        out.expect(0 < srv.claims <= max_stalled + 1,
+                   f"poison_claims={srv.claims}, MAX_STALLED+1={max_stalled + 1}")
+        out.expect(not missing, f"{len(missing)} healthy routes stopped flowing")
+        out.expect_zero("healthy_dead_lettered", "lost", "duplicated", "results_lost")
+    return out
+
+
+def trickle(ctx: Ctx) -> Outcome:
+    """One proxy trickling a byte a second among healthy ones: its check ends at the deadline and every
+    other route keeps its cadence."""
+    out = Outcome("trickle-proxy", "slowloris-proxy")
+    n, window = (60, 12.0) if ctx.quick else (300, 40.0)
+    env = {"MAGPIE_CHECK_TIMEOUT": "2", "MAGPIE_LEASE_SECONDS": "5", "MAGPIE_RENEW_BELOW_SECONDS": "2"}
+    with stack(ctx, out.name, env=env) as st:
+        lines = population_lines(st.address("echo"), n)
+        lines.insert(n // 2, population_lines(st.address("trickle"), 1, start=10**6)[0])
+        st.import_lines(lines)
+        kinds = m.route_kinds(st)
+        healthy = {h for h, k in kinds.items() if k == "echo"}
+        start_all(st)
+        time.sleep(4)
+        t0 = m.redis_ms(st.r)
+        time.sleep(window)
+        t1 = m.redis_ms(st.r)
+        st.stop_processes(("promote", "checks"))
+        acc = m.result_accounting(st, interval_ms(st))
+        results = m.stream_results(st.r, st.settings().redis_prefix)
+        ival = float(st.env["MAGPIE_CHECK_INTERVAL"])
+        gaps: dict[str, list[int]] = {}
+        for res in results:
+            if t0 - 4000 <= res.at_ms < t1:
+                gaps.setdefault(res.route_hash, []).append(res.at_ms)
+        limit_ms = (2 * ival + 1) * 1000
+        flowing = sum(1 for h in healthy
+                      if len(gaps.get(h, [])) >= 2 and max(b - a for a, b in zip(gaps[h], gaps[h][1:])) <= limit_ms
+                      and gaps[h][-1] >= t1 - limit_ms)
+        counts = m.per_route_counts(results, t0, t1)
+        bad = [res for res in results if kinds.get(res.route_hash) == "trickle"]
+        rate = sum(counts[h] for h in healthy) / ((t1 - t0) / 1000.0)
+        routes = m.route_accounting(st, healthy)
+        out.figures = {"routes": n + 1, "healthy_flowing_pct": round(100.0 * flowing / len(healthy), 1),
+                       "healthy_rate_ratio": round(rate / (len(healthy) / ival), 2),
+                       "trickle_results": len(bad), "trickle_alive": sum(r.alive for r in bad),
+                       "lost": routes["lost"], "duplicated": acc["duplicated"],
+                       "results_lost": acc["results_lost"],
+                       "healthy_dead_lettered": routes["healthy_dead_lettered"]}
+        out.expect(flowing == len(healthy), f"{len(healthy) - flowing} healthy routes lost their cadence")
+        out.expect(len(bad) >= 1 and not any(r.alive for r in bad), "the trickle route never ended dead")
+        out.expect_zero("lost", "duplicated", "results_lost", "healthy_dead_lettered")
+    return out

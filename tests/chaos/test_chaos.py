@@ -1,0 +1,42 @@
+"""The fault suite: each scenario of :mod:`magpie.lab.chaos` against the Procfile's real processes, private
+Redis and PostgreSQL servers and the lab, asserting the guarantee it names (its ``failures`` list is empty).
+
+The default run holds a short suite (:data:`magpie.lab.chaos.QUICK_DEFAULT`, small sizes); every scenario
+at full size is marked ``slow`` (``pytest -m slow tests/chaos``). ``benchmarks/chaos.py`` runs the same
+scenarios and prints their figures. Logs of a failed scenario stay in the test's ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from magpie.lab.chaos import QUICK_DEFAULT, SCENARIOS, TOTALS, run_scenario
+
+pytestmark = pytest.mark.e2e
+
+
+def _run(name, pg, quick, tmp_path):
+    out = run_scenario(name, pg, quick=quick, log_dir=tmp_path, keep_logs=True)
+    print(out.line())
+    assert not out.failures, f"{out.line()}\n" + "\n".join(out.failures) + f"\nlogs in {tmp_path}"
+    assert any(k in out.figures for k in TOTALS), out.line()
+    return out
+
+
+@pytest.mark.parametrize("name", QUICK_DEFAULT)
+def test_short_suite(name, private_pg, tmp_path):
+    _run(name, private_pg, True, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_full_scenario(name, private_pg, tmp_path):
+    _run(name, private_pg, False, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [n for n in SCENARIOS if n not in QUICK_DEFAULT])
+def test_short_scenario_outside_the_default_run(name, private_pg, tmp_path):
+    _run(name, private_pg, True, tmp_path)
