@@ -16,7 +16,7 @@ import uuid
 
 import redis
 import sqlalchemy as sa
-from queue_bench import SHARDS, URL, payload_for
+from workload import SHARDS, URL, payload_for
 
 from magpie.queue import QueueKeys, RouteQueue
 

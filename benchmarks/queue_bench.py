@@ -38,21 +38,7 @@ from magpie.crypto import get_keyring  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
 from magpie.routes import Route  # noqa: E402
 
-URL = os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/0")  # the product's setting
-SHARDS = 16
-
-
-def payload_for(i: int) -> tuple[str, str]:
-    """A route hash and a ~150-byte payload (credentials, two workspaces)."""
-    h = f"{i:024x}"
-    p = Payload(i + 1, Route("socks5", f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1080,
-                             "user" + str(i % 997), "pw-" + uuid.UUID(int=i).hex[:20]), h, [1, 2]).encode()
-    pad = 150 - len(p)
-    if pad > 0:  # stretch the password so every payload is 150 bytes
-        p = Payload(i + 1, Route("socks5", f"10.{(i >> 16) & 255}.{(i >> 8) & 255}.{i & 255}", 1080,
-                                 "user" + str(i % 997), "pw-" + uuid.UUID(int=i).hex[:20] + "x" * pad), h,
-                    [1, 2]).encode()
-    return h, p
+from workload import SHARDS, URL, payload_for  # noqa: E402
 
 
 def decode_cost(n: int = 20_000, rounds: int = 5) -> tuple[float, float, int]:

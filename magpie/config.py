@@ -338,7 +338,7 @@ class Settings(BaseSettings):
     @field_validator("schedule_url")
     @classmethod
     def _schedule_scheme(cls, v: str | None) -> str | None:
-        from magpie.queue.provider import SCHEMES, scheme_of
+        from magpie.queue.urls import SCHEMES, scheme_of
 
         if v is not None and not v.strip():
             return None

@@ -76,3 +76,18 @@ class RefusedError(MagpieError):
         """The refusal code as text (``"lease_lost"``, ``"gone"``, ...)."""
         return self.code.label
 
+
+def storage_error(exc: BaseException) -> str | None:
+    """One line for an unreachable or unmigrated Redis / PostgreSQL, or None for any other exception."""
+    import redis
+    from sqlalchemy import exc as sa_exc
+
+    if isinstance(exc, redis.RedisError):
+        return f"Redis error (MAGPIE_REDIS_URL): {exc}"
+    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"cannot reach PostgreSQL (MAGPIE_DATABASE_URL): {first}"
+    if isinstance(exc, sa_exc.ProgrammingError):
+        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
+        return f"PostgreSQL schema missing or out of date (run `magpie db upgrade`): {first}"
+    return None

@@ -100,7 +100,7 @@ def _stop_reporter() -> None:
 
 @signals.worker_process_init.connect(weak=False)
 def _on_child_init(**_kw) -> None:
-    from magpie.worker import _state
+    from magpie.runtime import worker_state as _state
 
     _node["reporter"] = None  # a forked copy of the parent's is not ours
     if _state.get("checks"):
@@ -115,7 +115,7 @@ def _on_child_shutdown(**_kw) -> None:
 @signals.worker_ready.connect(weak=False)
 def _on_worker_ready(**_kw) -> None:
     from magpie.instances import Heartbeat, InstanceRegistry
-    from magpie.worker import _state
+    from magpie.runtime import worker_state as _state
 
     s = _settings()
     if _node["id"] is None:

@@ -8,6 +8,7 @@ so that :func:`scrub` can mask them wherever a message repeats them. Used by
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -89,3 +90,47 @@ def shown(name: str, value) -> str:
     if isinstance(value, str):
         return repr(mask_url_passwords(value))
     return repr(value)
+
+
+_PAYLOAD_SECRET = re.compile(r'("s"\s*:\s*)"(?:[^"\\]|\\.)*"')  # the password field of payload JSON text
+
+
+def mask_route_info(info: dict) -> dict:
+    """``info`` with the route's password masked as every other command shows routes (``"s":"***"``),
+    and the password (plain or percent-encoded) masked wherever else it appears (logs, progress, dead)."""
+    text = info.get("payload")
+    if text is None:
+        return info
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    password = doc.get("s") if isinstance(doc, dict) else None
+    if isinstance(doc, dict):
+        if "s" in doc:
+            doc["s"] = "***"
+        masked = json.dumps(doc, separators=(",", ":"))
+    else:  # not JSON: mask the field by pattern
+        masked = _PAYLOAD_SECRET.sub(r'\1"***"', text)
+    out = dict(info, payload=masked)
+    if isinstance(password, str) and password:
+        from urllib.parse import quote
+
+        forms = sorted({password, quote(password, safe="")}, key=len, reverse=True)
+        for key, value in out.items():
+            if key != "payload":
+                out[key] = _without(value, forms)
+    return out
+
+
+def _without(value, forms: list[str]):
+    """``value`` (JSON-like: str, list, dict, scalars) with every string of ``forms`` masked in its text."""
+    if isinstance(value, str):
+        for form in forms:
+            value = value.replace(form, "***")
+        return value
+    if isinstance(value, list):
+        return [_without(v, forms) for v in value]
+    if isinstance(value, dict):
+        return {k: _without(v, forms) for k, v in value.items()}
+    return value

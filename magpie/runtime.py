@@ -15,6 +15,10 @@ from magpie.config import Settings, get_settings
 _lock = threading.RLock()  # factories nest (route_queue -> redis_client)
 _cache: dict = {}
 
+worker_state: dict = {"checks": False, "prefork": True}
+"""What this Celery worker runs (set by :mod:`magpie.worker` at start): ``checks`` (it consumes the
+``checks`` queue) and ``prefork`` (a prefork pool)."""
+
 
 def _get(name, factory):
     key = (os.getpid(), name)

@@ -20,9 +20,9 @@ import time
 
 from celery import signals
 
-log = logging.getLogger(__name__)
+from magpie.runtime import worker_state as _state
 
-_state = {"checks": False, "prefork": True}
+log = logging.getLogger(__name__)
 
 
 def consumes_checks(queues) -> bool:

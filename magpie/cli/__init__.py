@@ -25,7 +25,7 @@ from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, o
 from magpie.cli import blacklists, instances, judges, rotators, stats, web
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
-from magpie.errors import MagpieError, RefusedError
+from magpie.errors import MagpieError, RefusedError, storage_error
 
 EXIT_ERROR = 2
 EXIT_REFUSED = 3
@@ -51,22 +51,6 @@ class CommandRefused(click.ClickException):
         if self.as_json:
             echo_json({"ok": False, "refused": self.refusal.label, "member": self.refusal.subject or None})
         click.echo(self.format_message(), err=True)
-
-
-def storage_error(exc: BaseException) -> str | None:
-    """One line for an unreachable or unmigrated Redis / PostgreSQL, or None for any other exception."""
-    import redis
-    from sqlalchemy import exc as sa_exc
-
-    if isinstance(exc, redis.RedisError):
-        return f"Redis error (MAGPIE_REDIS_URL): {exc}"
-    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError)):
-        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return f"cannot reach PostgreSQL (MAGPIE_DATABASE_URL): {first}"
-    if isinstance(exc, sa_exc.ProgrammingError):
-        first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
-        return f"PostgreSQL schema missing or out of date (run `magpie db upgrade`): {first}"
-    return None
 
 
 @contextmanager

@@ -7,7 +7,6 @@ schedule reaches the root handler, which exits 3 with its code (:mod:`magpie.cli
 from __future__ import annotations
 
 import json
-import re
 
 import click
 
@@ -15,6 +14,7 @@ from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json
 from magpie.cli.queue_lease import register as register_lease_verbs
 from magpie.errors import MagpieError, Refusal, RefusedError
+from magpie.redact import mask_route_info as _masked
 
 
 def _emit(as_json: bool, result) -> None:
@@ -30,50 +30,6 @@ def _known(info: dict) -> dict:
     if info["state"] == "gone" and info["payload"] is None:
         raise RefusedError(Refusal.GONE, info["member"])
     return info
-
-
-_PAYLOAD_SECRET = re.compile(r'("s"\s*:\s*)"(?:[^"\\]|\\.)*"')  # the password field of payload JSON text
-
-
-def _masked(info: dict) -> dict:
-    """``info`` with the route's password masked as every other command shows routes (``"s":"***"``),
-    and the password (plain or percent-encoded) masked wherever else it appears (logs, progress, dead)."""
-    text = info.get("payload")
-    if text is None:
-        return info
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        doc = None
-    password = doc.get("s") if isinstance(doc, dict) else None
-    if isinstance(doc, dict):
-        if "s" in doc:
-            doc["s"] = "***"
-        masked = json.dumps(doc, separators=(",", ":"))
-    else:  # not JSON: mask the field by pattern
-        masked = _PAYLOAD_SECRET.sub(r'\1"***"', text)
-    out = dict(info, payload=masked)
-    if isinstance(password, str) and password:
-        from urllib.parse import quote
-
-        forms = sorted({password, quote(password, safe="")}, key=len, reverse=True)
-        for key, value in out.items():
-            if key != "payload":
-                out[key] = _without(value, forms)
-    return out
-
-
-def _without(value, forms: list[str]):
-    """``value`` (JSON-like: str, list, dict, scalars) with every string of ``forms`` masked in its text."""
-    if isinstance(value, str):
-        for form in forms:
-            value = value.replace(form, "***")
-        return value
-    if isinstance(value, list):
-        return [_without(v, forms) for v in value]
-    if isinstance(value, dict):
-        return {k: _without(v, forms) for k, v in value.items()}
-    return value
 
 
 @click.group()

@@ -37,15 +37,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
-from urllib.parse import urlsplit
 
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.lease import Lease
+from magpie.queue.urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg2")
-SCHEMES = REDIS_SCHEMES + POSTGRES_SCHEMES
-"""URL schemes :func:`create_provider` accepts."""
 
 
 @runtime_checkable
@@ -126,11 +122,6 @@ class ScheduleProvider(Protocol):
 
 QueueBackend = ScheduleProvider
 """Former name of :class:`ScheduleProvider`."""
-
-
-def scheme_of(url: str) -> str:
-    """The lower-case scheme of ``url`` (``""`` when it has none)."""
-    return urlsplit(url or "").scheme.lower()
 
 
 def create_provider(url: str | None, settings, *, redis_client=None) -> ScheduleProvider:

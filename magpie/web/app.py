@@ -112,7 +112,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
         return _unavailable(request, str(exc))
 
     async def storage(request: Request, exc: Exception):
-        from magpie.cli import storage_error
+        from magpie.errors import storage_error
 
         message = storage_error(exc)
         if message is None:  # another database error: a bug, logged with its traceback

@@ -99,7 +99,7 @@ class Dashboard:
         """``{"route": dict | None, "history": [dict], "schedule": dict | None}`` or None when neither
         PostgreSQL nor the schedule knows the route. ``schedule`` is :meth:`RouteQueue.inspect` without the
         payload (credentials), the password masked in logs and progress."""
-        from magpie.cli.queue import _masked
+        from magpie.redact import mask_route_info as _masked
 
         row = data.route_by_hash(self.engine, route_hash)
         info = self.queue.inspect(route_hash)

@@ -29,7 +29,7 @@ class AdminPlane:
         """Add ``(route_hash, payload)`` pairs; route i of ``total`` is first due at now + i * interval /
         total. A stored route keeps its due time; only new workspace ids are merged into its payload.
         Returns ``{"new", "merged", "unchanged"}``."""
-        from magpie.queue.pg.schedule import values
+        from magpie.queue.pg.sql import values
 
         items = list(items)
         total = total or len(items) or 1
@@ -105,7 +105,7 @@ class AdminPlane:
             rows = cur.fetchall()
             step = interval / (len(rows) or 1)
             moves = [(m, now + int(i * step)) for i, (m, leased) in enumerate(rows) if not leased]
-            from magpie.queue.pg.schedule import values
+            from magpie.queue.pg.sql import values
 
             if moves:
                 cur.execute(f"UPDATE schedule_routes r SET due_at = {ts('v.d::bigint')}, retry = false FROM "

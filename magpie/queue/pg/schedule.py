@@ -25,18 +25,11 @@ from magpie.queue.lease import Lease
 from magpie.queue.pg import merge
 from magpie.queue.pg.admin import AdminPlane
 from magpie.queue.pg.spread import SpreadPlane
-from magpie.queue.pg.sql import CLAIM, LIVE, NOW, score_text, token_ms, ts
+from magpie.queue.pg.sql import CLAIM, LIVE, NOW, score_text, token_ms, ts, values
 from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, QueueError, refusal
 
 log = logging.getLogger(__name__)
 _ADVISORY = "SELECT pg_advisory_xact_lock(hashtext('magpie.schedule:' || %s))"
-
-
-def values(cur, rows: Sequence[tuple]) -> str:
-    """A ``VALUES`` list literal of ``rows`` (values quoted by psycopg2, ``%`` doubled) for a statement
-    executed with parameters."""
-    ph = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
-    return ",".join(cur.mogrify(ph, row).decode() for row in rows).replace("%", "%%")
 
 
 def dsn_of(url: str) -> str:

@@ -49,7 +49,7 @@ class SpreadPlane:
                     moved += 1
                 placed += 1
             if moves:
-                from magpie.queue.pg.schedule import values
+                from magpie.queue.pg.sql import values
 
                 cur.execute(f"UPDATE schedule_routes r SET due_at = {ts('v.d::bigint')}, retry = false FROM "
                             f"(VALUES {values(cur, moves)}) AS v(r, d) WHERE r.schedule = %(s)s AND r.route = v.r",

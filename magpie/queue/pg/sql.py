@@ -17,6 +17,8 @@ Redis scores (:data:`magpie.queue.pg.models.RANK_SQL`). A lease is live while ``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 NOW = ("COALESCE(%(clk)s::bigint, "
        "(extract(epoch FROM date_trunc('milliseconds', clock_timestamp())) * 1000)::bigint)")
 """Now in Unix ms: the server clock, or the test clock's value."""
@@ -103,3 +105,10 @@ token, stalled, dead-lettered, alone, retry attempts, now ms. The claimed rows a
 LIVE = f"""SELECT {NOW}, count(*) FROM schedule_routes
 WHERE schedule = %(s)s AND lease_expires_at >= {ts(NOW)}"""
 """Now (ms) and the live leases of schedule ``s`` (for the ``max_inflight`` cap)."""
+
+
+def values(cur, rows: Sequence[tuple]) -> str:
+    """A ``VALUES`` list literal of ``rows`` (values quoted by psycopg2, ``%`` doubled) for a statement
+    executed with parameters."""
+    ph = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
+    return ",".join(cur.mogrify(ph, row).decode() for row in rows).replace("%", "%%")
