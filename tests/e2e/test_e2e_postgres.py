@@ -91,6 +91,7 @@ def test_pipeline_checks_lab_routes_repeatedly_with_the_schedule_in_postgres(set
         lab.stop()
 
 
+@pytest.mark.slow  # the same lease expiry runs in the default suite on Redis, and on both backends in conformance
 def test_a_killed_workers_leases_are_reclaimed_on_postgres(settings, db, pg_url, redis_prefix, tmp_path):
     lab = start_free_lab(slow_delay=2.0)
     try:

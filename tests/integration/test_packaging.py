@@ -19,8 +19,12 @@ import json, magpie
 from magpie import runtime
 from magpie.cycle import promote
 from magpie.queue import Lease
+import time
 pool = runtime.check_pool()
 q = runtime.route_queue()
+deadline = time.monotonic() + 20
+while runtime.capacity_registry().total() == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)  # promote claims nothing until the engine has announced its slots
 n = promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100, max_inflight=100,
             capacity=runtime.capacity_registry().total())
 ok = pool.wait_idle(60)
