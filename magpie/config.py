@@ -514,6 +514,14 @@ class Settings(BaseSettings):
 
     # --- settings: reliability (quarantine) ---
 
+    @field_validator("rotator_ports")
+    @classmethod
+    def _rotator_ports(cls, v: str) -> str:
+        lo, hi = (int(x) for x in v.split("-"))
+        if not 1 <= lo <= hi <= 65535:
+            raise ValueError(f"{lo}-{hi} is not a range A-B with 1 <= A <= B <= 65535")
+        return v
+
     @field_validator("maintenance_cadences")
     @classmethod
     def _cadences(cls, v: str) -> str:

@@ -90,4 +90,14 @@ def storage_error(exc: BaseException) -> str | None:
     if isinstance(exc, sa_exc.ProgrammingError):
         first = str(getattr(exc, "orig", exc)).strip().splitlines()[0]
         return f"PostgreSQL schema missing or out of date (run `magpie db upgrade`): {first}"
+    try:  # the PostgreSQL schedule talks to psycopg2 directly (MAGPIE_SCHEDULE_URL)
+        import psycopg2
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    if isinstance(exc, psycopg2.Error):
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        if isinstance(exc, (psycopg2.OperationalError, psycopg2.InterfaceError)):
+            return f"cannot reach the PostgreSQL schedule (MAGPIE_SCHEDULE_URL): {first}"
+        if isinstance(exc, psycopg2.ProgrammingError):
+            return f"PostgreSQL schedule schema missing or out of date (run `magpie db upgrade`): {first}"
     return None

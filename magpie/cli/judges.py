@@ -46,7 +46,11 @@ def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disa
     from magpie.judges.store import add_judge
 
     with user_errors(ValueError):
-        row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, **_changed(state))
+        from magpie.egress import EgressPolicy
+
+        guard = EgressPolicy(state.settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
+        row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, egress=guard,
+                        **_changed(state))
     _emit(as_json, row)
     if not as_json:
         click.echo(f"judge {row['id']} added: {row['url']} ({row['workspace'] or 'global'} pool)")

@@ -7,6 +7,7 @@ schedule reaches the root handler, which exits 3 with its code (:mod:`magpie.cli
 from __future__ import annotations
 
 import json
+import re
 
 import click
 
@@ -30,6 +31,14 @@ def _known(info: dict) -> dict:
     if info["state"] == "gone" and info["payload"] is None:
         raise RefusedError(Refusal.GONE, info["member"])
     return info
+
+
+def _route_hash(_ctx, _param, value: str) -> str:
+    """A route hash argument: 24 lower-case hex characters (as ``magpie routes`` prints them)."""
+    v = (value or "").strip().lower()
+    if not re.fullmatch(r"[0-9a-f]{24}", v):
+        raise click.BadParameter(f"expected a route hash of 24 hex characters, got {value!r}")
+    return v
 
 
 @click.group()
@@ -84,7 +93,7 @@ def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) ->
 
 
 @queue.command("inspect")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @json_option
 @pass_state
 def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
@@ -94,7 +103,7 @@ def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
 
 
 @queue.command("update")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @click.argument("payload")
 @json_option
 @pass_state
@@ -164,7 +173,7 @@ def queue_migrate_payloads(state: CliState, encrypt: bool | None, batch: int, as
 
 
 @queue.command("remove")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @click.option("--force", is_flag=True, help="Remove even under a live lease.")
 @json_option
 @pass_state
@@ -175,7 +184,7 @@ def queue_remove(state: CliState, route_hash: str, force: bool, as_json: bool) -
 
 
 @queue.command("logs")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @json_option
 @pass_state
 def queue_logs(state: CliState, route_hash: str, as_json: bool) -> None:
@@ -184,7 +193,7 @@ def queue_logs(state: CliState, route_hash: str, as_json: bool) -> None:
 
 
 @queue.command("progress")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @json_option
 @pass_state
 def queue_progress(state: CliState, route_hash: str, as_json: bool) -> None:
@@ -202,7 +211,7 @@ def queue_dead(state: CliState, limit: int, as_json: bool) -> None:
 
 
 @queue.command("reprocess")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @json_option
 @pass_state
 def queue_reprocess(state: CliState, route_hash: str, as_json: bool) -> None:
@@ -211,7 +220,7 @@ def queue_reprocess(state: CliState, route_hash: str, as_json: bool) -> None:
 
 
 @queue.command("check-now")
-@click.argument("route_hash")
+@click.argument("route_hash", callback=_route_hash)
 @click.option("--in", "delay", default=0.0, show_default=True, type=click.FloatRange(0, 365 * 86400),
               help="Delay in seconds (0 to one year).")
 @json_option

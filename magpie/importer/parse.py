@@ -238,6 +238,8 @@ def _parse_address(column: str, default_protocol: str) -> Route:
     username: str | None = None
     password: str | None = None
     at = rest.rfind("@")  # rfind: an unencoded '@' in a password stays in the credentials
+    if at >= 0 and ":" not in rest[at + 1:] and rest[:at].count(":") >= 3:
+        at = -1  # host:port:user:pa@ss: the '@' is inside the password of the literal form
     if at >= 0:
         user, colon, secret = rest[:at].partition(":")
         if not user:
@@ -274,7 +276,13 @@ def _parse_address(column: str, default_protocol: str) -> Route:
         host = _normalize_host(host)
     except ValueError:
         raise ParseError(f"bad address {_short(host)!r}") from None
-    return Route(protocol, host, _parse_port(port_text), username, password)
+    try:
+        port = _parse_port(port_text)
+    except ParseError:
+        if password is not None or at >= 0:  # the text may be part of a password: never quote it
+            raise ParseError("bad port after the credentials (percent-encode '@' and ':' in passwords)") from None
+        raise
+    return Route(protocol, host, port, username, password)
 
 
 def _looks_like_address(column: str, only_column: bool) -> bool:

@@ -179,6 +179,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     keyring = get_keyring(settings.encryption_key)
     cipher = write_cipher(settings)  # PROXY_QUEUE_ENCRYPT_CREDENTIALS: seal credentials in new payloads
     total = len(routes)
+    fresh = _fresh_deployment(engine, queue)
     for off in range(0, total, CHUNK):
         chunk = routes[off: off + CHUNK]
         store = upsert_routes(engine, keyring, workspace.strip(), chunk)
@@ -197,4 +198,20 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
                 "`magpie queue rebuild` once Redis is back") from exc
         if progress:
             progress(min(off + CHUNK, total), total)
+    if fresh:  # the schedule now holds everything PostgreSQL owns: nothing for the rebuild job to restore
+        from magpie.maintenance.rebuild import mark_bootstrapped
+
+        mark_bootstrapped(queue)
     return report
+
+
+def _fresh_deployment(engine, queue) -> bool:
+    """True when the schedule has no rebuild marker and PostgreSQL owns no route yet (a new deployment):
+    the first import is then the whole schedule, and marking it bootstrapped keeps the ``rebuild`` job from
+    restoring routes an operator removes later. A lost schedule (no marker, owned routes) stays unmarked."""
+    from magpie.maintenance.rebuild import marker_key, owned_routes
+
+    r = getattr(queue, "r", None)
+    if r is None or getattr(queue, "keys", None) is None or r.exists(marker_key(queue)):
+        return False
+    return owned_routes(engine) == 0

@@ -136,12 +136,18 @@ def validate_judge_url(url: str) -> str:
 # -- judges --------------------------------------------------------------------------------------------
 
 def add_judge(engine: Engine, url: str, *, workspace: str | None = None, rule: str = DEFAULT_RULE,
-              enabled: bool = True, redis=None, prefix: str = "") -> dict:
+              enabled: bool = True, redis=None, prefix: str = "", egress=None) -> dict:
     """Add a judge to the global pool (``workspace`` None) or a workspace's; returns its row as a dict.
 
-    Raises ``ValueError`` (bad URL or rule), :class:`MagpieError` (unknown workspace, URL already there)."""
+    ``egress``: the checks' :class:`magpie.egress.EgressPolicy`; a judge it refuses without resolving (a
+    private IP literal, ``localhost``) is refused here, not at the first check.
+
+    Raises ``ValueError`` (bad URL or rule), :class:`magpie.egress.EgressRefused` (a host the checks may
+    not dial), :class:`MagpieError` (unknown workspace, URL already there)."""
     url = validate_judge_url(url)
     rule = validate_rule(rule)
+    if egress is not None:
+        egress.check_host(urlsplit(url).hostname or "")
     with engine.begin() as conn:
         wid = workspace_id(conn, workspace) if workspace else None
         row = conn.execute(sa.text(

@@ -126,9 +126,14 @@ def rebuild_schedule(
     finally:
         records.close()
     if out["complete"]:
-        queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
+        mark_bootstrapped(queue)
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
+
+
+def mark_bootstrapped(queue) -> None:
+    """Set the schedule's rebuild marker (now, Unix ms): the schedule holds what PostgreSQL owns."""
+    queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
 
 
 def needs_rebuild(engine: Engine, queue) -> bool:

@@ -223,3 +223,15 @@ def test_files_and_streams_number_lines_alike(tmp_path):
     assert from_file == from_stream
     assert [r.port for r in from_file.routes] == [1, 2]
     assert [x.line for x in from_file.invalid] == [3, 4]
+
+
+def test_an_at_sign_inside_a_literal_password_and_no_quoted_password_in_errors():
+    from magpie.importer.parse import ParseError, parse_line
+
+    r = parse_line("127.0.0.2:31080:alice:Sup3r@Secret")
+    assert (r.host, r.port, r.username, r.password) == ("127.0.0.2", 31080, "alice", "Sup3r@Secret")
+    r = parse_line("alice:Sup3r@127.0.0.2:31080")
+    assert (r.host, r.port, r.username, r.password) == ("127.0.0.2", 31080, "alice", "Sup3r")
+    with pytest.raises(ParseError) as exc:
+        parse_line("1.1.1.5:80:user:p@ss:w0rd")
+    assert "w0rd" not in str(exc.value) and "ss" not in str(exc.value).replace("passwords", "")
