@@ -199,7 +199,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         if progress:
             progress(min(off + CHUNK, total), total)
     if fresh:  # the schedule now holds everything PostgreSQL owns: nothing for the rebuild job to restore
-        from magpie.maintenance.rebuild import mark_bootstrapped
+        from magpie.maintenance.marker import mark_bootstrapped
 
         mark_bootstrapped(queue)
     return report
@@ -209,7 +209,7 @@ def _fresh_deployment(engine, queue) -> bool:
     """True when the schedule has no rebuild marker and PostgreSQL owns no route yet (a new deployment):
     the first import is then the whole schedule, and marking it bootstrapped keeps the ``rebuild`` job from
     restoring routes an operator removes later. A lost schedule (no marker, owned routes) stays unmarked."""
-    from magpie.maintenance.rebuild import marker_key, owned_routes
+    from magpie.maintenance.marker import marker_key, owned_routes
 
     r = getattr(queue, "r", None)
     if r is None or getattr(queue, "keys", None) is None or r.exists(marker_key(queue)):

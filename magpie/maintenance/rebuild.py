@@ -19,30 +19,14 @@ import threading
 import time
 
 import redis as redis_lib
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.maintenance.base import Job, JobContext
+from magpie.maintenance.marker import mark_bootstrapped, marker_key, needs_rebuild, owned_routes  # noqa: F401
 
 CHUNK = 5000
 LOCK = "rebuild"
 """Leader-lock name of schedule rebuilds (``<prefix>leader:rebuild``), shared by the job and the CLI."""
-
-_OWNED = (
-    "SELECT count(*) FROM routes r WHERE EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)"
-)
-
-
-def marker_key(queue) -> str:
-    """Key of the rebuild marker of ``queue``'s schedule (inside its hash tag)."""
-    return queue.keys.base + "maintenance_marker"
-
-
-def owned_routes(engine: Engine) -> int:
-    """Routes that at least one workspace owns (what the schedule should hold)."""
-    with engine.connect() as conn:
-        return int(conn.execute(sa.text(_OWNED)).scalar_one())
-
 
 def rebuild_schedule(
     settings,
@@ -129,18 +113,6 @@ def rebuild_schedule(
         mark_bootstrapped(queue)
     out["seconds"] = round(time.monotonic() - t0, 3)
     return out
-
-
-def mark_bootstrapped(queue) -> None:
-    """Set the schedule's rebuild marker (now, Unix ms): the schedule holds what PostgreSQL owns."""
-    queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
-
-
-def needs_rebuild(engine: Engine, queue) -> bool:
-    """True when the schedule's marker is missing and PostgreSQL has owned routes."""
-    if queue.r.exists(marker_key(queue)):
-        return False
-    return owned_routes(engine) > 0
 
 
 class ScheduleRebuildJob(Job):
