@@ -1,7 +1,8 @@
 """The schedule's rebuild marker: set when the Redis schedule holds what PostgreSQL owns.
 
-Redis losing its data loses the marker too, which is how the ``rebuild`` job (:mod:`magpie.maintenance.rebuild`)
-knows to restore the schedule; the first import of a new deployment sets it (:mod:`magpie.importer.service`).
+Redis losing its data loses the marker too, which is how the ``rebuild`` job
+(:mod:`magpie.maintenance.rebuild`) knows to restore the schedule; the first import of a new deployment
+sets it (:mod:`magpie.importer.service`).
 """
 
 from __future__ import annotations

@@ -53,8 +53,8 @@ def run_installed(installed, env, *args, code=None):
     return subprocess.run(cmd, cwd=installed, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, settings, pg_url, db, redis_prefix,
-                                                                   redis_client):
+def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, settings, pg_url, db,
+                                                                   redis_prefix, redis_client):
     assert len(list((installed / "site" / "magpie" / "lua").glob("*.lua"))) >= 17
     lab = start_free_lab(slow_delay=0.2)
     try:
