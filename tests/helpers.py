@@ -47,3 +47,28 @@ def stop_group(proc) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def checked_until(procs, db, settings, log_path, stop: Callable, workspace: str = "e2e", rounds: int = 2,
+                  timeout: float = 60.0) -> list[dict]:
+    """Poll the latest health of ``workspace`` once a second until every route was checked ``rounds`` times
+    (or ``timeout`` seconds pass), failing at once if a process of ``procs`` exits; then ``stop`` each
+    process. Returns the last rows read (:func:`magpie.db.repo.latest_health`)."""
+    import time
+
+    from magpie.crypto import get_keyring
+    from magpie.db.repo import latest_health
+
+    rows: list[dict] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            assert all(p.poll() is None for p in procs), log_path.read_text()[-3000:]
+            rows = latest_health(db, workspace, keyring=get_keyring(settings.encryption_key))
+            if rows and all((r["checks_total"] or 0) >= rounds for r in rows):
+                break
+    finally:
+        for p in procs:
+            stop(p)
+    return rows

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import spawn_celery, stop_group
+from helpers import checked_until, spawn_celery, stop_group
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
@@ -57,18 +57,9 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
                    "--loglevel=info", "--without-mingle", "--without-gossip"], env, log),
             spawn(["beat", "--loglevel=info", f"--schedule={tmp_path / 'beat'}"], env, log),
         ]
-        rows = []
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                time.sleep(1)
-                assert all(p.poll() is None for p in procs), (tmp_path / "celery.log").read_text()[-3000:]
-                rows = latest_health(db, "e2e", keyring=get_keyring(settings.encryption_key))
-                if rows and all((r["checks_total"] or 0) >= 2 for r in rows):
-                    break
+            rows = checked_until(procs, db, settings, tmp_path / "celery.log", stop)
         finally:
-            for p in procs:
-                stop(p)
             log.close()
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
         assert len(rows) == len(expected)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import spawn_celery, stop_group
+from helpers import checked_until, spawn_celery, stop_group
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
@@ -60,18 +60,9 @@ def test_pipeline_checks_lab_routes_repeatedly_with_the_schedule_in_postgres(set
                           "--loglevel=info", "--without-mingle", "--without-gossip"], env, log, ROOT),
             spawn_celery(["beat", "--loglevel=info", f"--schedule={tmp_path / 'beat'}"], env, log, ROOT),
         ]
-        rows = []
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                time.sleep(1)
-                assert all(p.poll() is None for p in procs), (tmp_path / "celery.log").read_text()[-3000:]
-                rows = latest_health(db, "e2e", keyring=get_keyring(settings.encryption_key))
-                if rows and all((r["checks_total"] or 0) >= 2 for r in rows):
-                    break
+            rows = checked_until(procs, db, settings, tmp_path / "celery.log", stop_group)
         finally:
-            for p in procs:
-                stop_group(p)
             log.close()
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
         assert len(rows) == len(expected)
