@@ -11,9 +11,14 @@ on one event loop). The pool's own coroutines then keep the leases moving:
 - **renewal** once a second: leases with less than ``renew_below_ms`` left are renewed in one pipelined
   round trip; a refused renewal (the lease was lost) cancels the check in flight at once, and a lease past
   its expiry is cancelled too;
-- **start marks and quarantine**: admitted leases are marked as started (one ``HSET`` per message,
-  :meth:`RouteQueue.mark_started`), so that only a lease that started checking is evidence against its
-  route if it expires; a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
+- **admission never waits on the loop or on Redis**: :meth:`CheckPool.submit` puts a message's leases in a
+  thread-safe inbox and wakes the loop; it blocks only while the process already holds a backlog of
+  leases waiting for slots (backpressure, so a full process leaves the next messages to one with free
+  slots). A lease starts in the loop iteration that frees a slot;
+- **start marks and quarantine**: started leases are marked (``HSET`` of ``<hash>#s``,
+  :meth:`RouteQueue.mark_started`) in batches every ``complete_interval``, so that only a lease that
+  started checking is evidence against its route if it expires (a crash before the batch lands counts
+  nothing: the rule errs toward the route); a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
   process, and only while this pool holds the deployment's quarantine slot
   (:class:`magpie.queue.quarantine.QuarantineSlot`), and it is marked right before its check starts, so
   that a crash during it is its own;
@@ -22,7 +27,13 @@ on one event loop). The pool's own coroutines then keep the leases moving:
 - **capacity heartbeat**: the engine's slots are announced to :class:`magpie.queue.capacity.CapacityRegistry`
   so promote claims no more than the engines can run.
 
-Redis calls run in one dedicated I/O thread so the event loop never blocks on them. When the judge
+Redis calls run in two dedicated I/O threads so the event loop never blocks on them: one for completion
+flushes, one for everything else (start marks, renewals, hand-backs' metrics, capacity heartbeats, the
+quarantine slot), so a long completion flush never delays a renewal or a mark.
+
+- **claim-to-start timings**: each lease's way from claim to start is stamped (claimed and dispatched by
+  promote, received by :meth:`submit`, admitted to the loop, started in a slot) and handed in batches to
+  the ``timings`` callback (metrics: ``magpie_lease_claim_to_start_seconds`` and its stages). When the judge
 itself is unreachable a failed check is not the route's fault: the route is retried on the backoff curve
 and no result is published. A result whose lease was lost is dropped.
 
@@ -101,6 +112,22 @@ def result_entry(payload: Payload, res: CheckResult) -> dict[str, str]:
     return fields
 
 
+@dataclass(slots=True)
+class StartTiming:
+    """How one lease got from its claim to its check's start: Unix ms stamps (0.0 where unknown).
+
+    ``claimed`` and ``dispatched`` are promote's clock, the rest this process's; ``due`` is the route's due
+    time moved onto this process's clock (the lateness of the start is ``started - due``).
+    """
+
+    claimed: float
+    dispatched: float
+    received: float
+    admitted: float
+    started: float
+    due: float
+
+
 @dataclass
 class _Running:
     lease: Lease
@@ -134,18 +161,20 @@ class CheckPool:
         record: ``record(report, entries)`` after every flush with outcomes (metrics); optional.
         complete_interval: seconds between completion flushes.
         heartbeat: seconds between capacity announcements (their TTL is three of these).
-        lateness: optional ``lateness(leases)`` called at admission (metrics of claim lateness).
         payload_cipher: opens payloads with sealed credentials (:attr:`magpie.crypto.Keyring.queue`);
             without it such a payload counts as malformed.
         quarantine: the deployment's :class:`magpie.queue.quarantine.QuarantineSlot`; None: quarantined
             checks are alone in this process only (tests, one-shot runs).
+        timings: optional ``timings(samples)`` with the leases started since the last flush, each a
+            :class:`StartTiming`; called on an I/O thread (metrics), never on the loop.
     """
 
     def __init__(self, queue: RouteQueue, engine: CheckEngine, stream: StreamTarget, *, capacity: int,
                  renew_below_ms: float, backoff: Backoff | None = None, registry: CapacityRegistry | None = None,
                  record: Record | None = None, complete_interval: float = 0.1, heartbeat: float = 2.0,
-                 lateness: Callable[[Sequence[Lease]], object] | None = None, payload_cipher=None,
-                 block_timeout: float = 2.0, quarantine=None) -> None:
+                 payload_cipher=None,
+                 block_timeout: float = 2.0, quarantine=None,
+                 timings: Callable[[list[StartTiming]], object] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
         self.queue = queue
@@ -158,9 +187,9 @@ class CheckPool:
         self.backoff = backoff or Backoff("exponential", 5_000, 300_000, 2.0, "full")
         self.registry = registry
         self.record = record
-        self.lateness = lateness
         self.payload_cipher = payload_cipher
         self.quarantine = quarantine
+        self.timings = timings
         self.owner_changes = None  # optional: applies pending owner drops at flush (magpie.judges.ownership)
         self.complete_interval = float(complete_interval)
         self.heartbeat = float(heartbeat)
@@ -170,8 +199,9 @@ class CheckPool:
         self._start_margin_ms = engine.max_check_seconds * 1000.0
         # last guard over a whole check: the engine's own deadlines plus room for a loaded event loop
         self._guard_s = engine.max_check_seconds * 1.25 + 5.0
-        self._pending: deque[Lease] = deque()
-        self._alone: deque[Lease] = deque()  # quarantined leases, checked one at a time
+        # (lease, (received ms, admitted ms)) waiting for a slot; quarantined ones are checked one at a time
+        self._pending: deque[tuple[Lease, tuple[float, float]]] = deque()
+        self._alone: deque[tuple[Lease, tuple[float, float]]] = deque()
         self._alone_busy = False
         self._running: dict[int, _Running] = {}
         self._done: list[tuple[Lease, Payload, CheckResult]] = []
@@ -180,7 +210,14 @@ class CheckPool:
         self._counts = BatchReport()  # outcomes found on the loop since the last flush
         self._loop: LoopThread | None = None
         self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magpie-io")
-        self._room: asyncio.Event | None = None
+        self._side = ThreadPoolExecutor(max_workers=1, thread_name_prefix="magpie-side")
+        # admission: the Celery thread appends to the inbox; the loop drains it. _held counts leases
+        # submitted and not yet started or handed back (inbox + pending), under _cond.
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple[float, list[Lease]]] = deque()
+        self._held = 0
+        self._marks: list[Lease] = []
+        self._started: list[StartTiming] = []
         self._idle: asyncio.Event | None = None
         self._services: list[asyncio.Task] = []
         self._closing = False
@@ -196,11 +233,10 @@ class CheckPool:
         return self
 
     async def _start(self) -> None:
-        self._room = asyncio.Event()
-        self._room.set()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._services = [asyncio.ensure_future(self._flush_loop()), asyncio.ensure_future(self._renew_loop())]
+        self._services = [asyncio.ensure_future(self._flush_loop()), asyncio.ensure_future(self._renew_loop()),
+                          asyncio.ensure_future(self._side_loop())]
         if self.registry is not None:
             self._services.append(asyncio.ensure_future(self._heartbeat_loop()))
 
@@ -215,95 +251,132 @@ class CheckPool:
         self._loop.stop()
         self._loop = None
         self._io.shutdown(wait=True)
+        self._side.shutdown(wait=True)
+        with self._cond:
+            self._cond.notify_all()
 
     async def _close(self) -> None:
         self._closing = True
-        if self._room is not None:
-            self._room.set()
+        with self._cond:
+            self._cond.notify_all()
         for svc in self._services:
             svc.cancel()
-        self._handback.extend(self._pending)
-        self._handback.extend(self._alone)
+        self._take_inbox()
+        waiting = [le for le, _ in self._pending] + [le for le, _ in self._alone]
+        self._handback.extend(waiting)
         self._pending.clear()
         self._alone.clear()
+        self._release_held(len(waiting))
         tasks = [r.task for r in self._running.values() if r.task is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._flush()
+        await self._side_flush()
         if self.registry is not None:
             try:
-                await self._in_io(self.registry.withdraw, self.instance)
+                await self._in_side(self.registry.withdraw, self.instance)
             except Exception:  # noqa: BLE001
                 log.warning("could not withdraw check capacity of %s", self.instance)
 
     # -- admission ----------------------------------------------------------------------------------
     def submit(self, leases: Sequence[Lease], timeout: float | None = None) -> int:
-        """Admit ``leases`` (thread-safe); blocks while a backlog of ``backlog`` leases (a tenth of the
-        capacity) already waits to start, so a full process leaves the next messages to one with free slots. Returns the count admitted."""
-        self.start()
-        if self.lateness is not None and leases:
-            try:
-                self.lateness(leases)
-            except Exception:  # noqa: BLE001 - metrics never stop checks
-                log.debug("lateness metric failed", exc_info=True)
-        fut = asyncio.run_coroutine_threadsafe(self._admit(list(leases)), self._loop.loop)
-        try:
-            return fut.result(timeout)
-        except BaseException:  # a time limit or shutdown: leases not admitted are handed back
-            fut.cancel()
-            raise
+        """Admit ``leases`` (thread-safe) and return the count admitted, without waiting on the event loop
+        or on Redis: the leases go to the pool's inbox and start as slots free.
 
-    async def _admit(self, leases: list[Lease]) -> int:
-        assert self._room is not None and self._idle is not None
-        try:
-            while len(self._pending) >= self.backlog and not self._closing:
-                self._room.clear()
-                await self._room.wait()
-        except asyncio.CancelledError:
-            self._handback.extend(leases)
-            raise
-        if self._closing:
-            self._handback.extend(leases)
+        Blocks (backpressure) while ``backlog`` leases (a tenth of the capacity) already wait to start, so
+        a full process leaves the next messages to one with free slots. Args: ``timeout`` most seconds to
+        wait for room (None: no limit). Raises ``TimeoutError`` when no room came in time (nothing
+        admitted: the leases expire and come back). A closed pool admits nothing and returns 0.
+        """
+        self.start()
+        leases = list(leases)
+        if not leases:
             return 0
-        regular = [le for le in leases if not le.alone]
-        if regular:
-            try:
-                await self._in_io(self.queue.mark_started, regular)
-            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
-                log.warning("could not record that %d leases started (Redis unavailable?)", len(regular))
-        self._pending.extend(regular)
-        self._alone.extend(le for le in leases if le.alone)
-        self._idle.clear()
-        self._fill()
+        received = time.time() * 1000
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._held >= self.backlog and not self._closing:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"no room in the check pool within {timeout:g} s")
+                self._cond.wait(left if left is not None else 1.0)
+            if self._closing or self._loop is None:
+                return 0
+            self._held += len(leases)
+            self._inbox.append((received, leases))
+        try:
+            self._loop.loop.call_soon_threadsafe(self._take_inbox)
+        except RuntimeError:  # the loop stopped under us: close() hands back what it finds
+            return 0
         return len(leases)
+
+    def _take_inbox(self) -> None:
+        """On the loop: move submitted leases into the pending queues and start what the slots allow."""
+        if not self._inbox:
+            return
+        admitted = time.time() * 1000
+        while self._inbox:
+            try:
+                received, leases = self._inbox.popleft()
+            except IndexError:
+                break
+            for le in leases:
+                stamp = (received, admitted)
+                if le.alone:
+                    self._alone.append((le, stamp))
+                else:
+                    self._pending.append((le, stamp))
+        if self._closing:
+            return
+        if self._idle is not None:
+            self._idle.clear()
+        self._fill()
+
+    def _release_held(self, n: int) -> None:
+        if n:
+            with self._cond:
+                self._held -= n
+                self._cond.notify_all()
 
     def _fill(self) -> None:
         """Start pending leases while slots are free; hand back those too late to start."""
         loop = asyncio.get_running_loop()
+        taken = 0
+        now = 0.0
         while self._pending and len(self._running) < self.capacity and not self._closing:
-            le = self._pending.popleft()
+            le, stamp = self._pending.popleft()
+            taken += 1
             if le.remaining_ms() < self._start_margin_ms:
                 self._handback.append(le)
                 continue
+            now = now or time.time() * 1000
+            self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
+                                             float(le.previous_score or 0) - le.server_offset_ms))
+            self._marks.append(le)
             slot = _Running(le)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
         while self._alone and not self._alone_busy and len(self._running) < self.capacity \
                 and not self._closing:
-            le = self._alone.popleft()
+            le, stamp = self._alone.popleft()
+            taken += 1
             if le.remaining_ms() < self._start_margin_ms:
                 self._handback.append(le)
                 continue
+            now = now or time.time() * 1000
+            self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
+                                             float(le.previous_score or 0) - le.server_offset_ms))
             self._alone_busy = True
             slot = _Running(le)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
         if len(self._running) > self.peak_running:
             self.peak_running = len(self._running)
-        if self._room is not None and len(self._pending) < self.backlog:
-            self._room.set()
-        if not self._pending and not self._alone and not self._running and self._idle is not None:
+        if taken:
+            self._release_held(taken)
+        if not self._pending and not self._alone and not self._running and not self._inbox \
+                and self._idle is not None:
             self._idle.set()
 
     async def _run(self, slot: _Running) -> None:
@@ -316,7 +389,7 @@ class CheckPool:
                     self._handback.append(le)
                     return
                 try:
-                    await self._in_io(self.queue.mark_started, [le])
+                    await self._in_side(self.queue.mark_started, [le])
                 except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
                     log.warning("could not record the start of quarantined route %s", le.member)
             try:
@@ -351,7 +424,7 @@ class CheckPool:
             if le.alone:
                 self._alone_busy = False
                 if slot_token:
-                    self._io.submit(self._give_back_slot, slot_token)
+                    self._side.submit(self._give_back_slot, slot_token)
             if not self._closing:
                 self._fill()
 
@@ -364,7 +437,7 @@ class CheckPool:
         ttl_ms = int(self._guard_s * 1000)
         while not self._closing:
             try:
-                if await self._in_io(self.quarantine.take, token, ttl_ms):
+                if await self._in_side(self.quarantine.take, token, ttl_ms):
                     return token
             except Exception:  # noqa: BLE001
                 log.warning("quarantine slot unavailable (Redis?); checking route %s alone in this process",
@@ -384,6 +457,35 @@ class CheckPool:
     # -- background services -----------------------------------------------------------------------
     async def _in_io(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def _in_side(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self._side, fn, *args)
+
+    async def _side_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.complete_interval)
+            try:
+                await self._side_flush()
+            except Exception:  # noqa: BLE001 - Redis trouble: marks are only evidence, timings only metrics
+                log.exception("start marks or timings not recorded")
+
+    async def _side_flush(self) -> None:
+        marks, self._marks = self._marks, []
+        started, self._started = self._started, []
+        if marks or started:
+            await self._in_side(self._side_sync, marks, started)
+
+    def _side_sync(self, marks: list[Lease], started: list[StartTiming]) -> None:
+        if marks:
+            try:
+                self.queue.mark_started(marks)
+            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
+                log.warning("could not record that %d leases started (Redis unavailable?)", len(marks))
+        if started and self.timings is not None:
+            try:
+                self.timings(started)
+            except Exception:  # noqa: BLE001 - metrics never stop checks
+                log.debug("start timings not recorded", exc_info=True)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -477,7 +579,7 @@ class CheckPool:
                 slot.task.cancel()
         if not due:
             return
-        codes = await self._in_io(self.queue.renew_many, [s.lease for s in due])
+        codes = await self._in_side(self.queue.renew_many, [s.lease for s in due])
         for slot, code in zip(due, codes):
             if code != COMPLETED and slot.task is not None:
                 slot.task.cancel()  # the lease is lost: stop the attempt in flight
@@ -487,7 +589,7 @@ class CheckPool:
         ttl_ms = int(self.heartbeat * 3000)
         while True:
             try:
-                await self._in_io(self.registry.announce, self.instance, self.capacity, ttl_ms)
+                await self._in_side(self.registry.announce, self.instance, self.capacity, ttl_ms)
             except Exception:  # noqa: BLE001 - Redis away: promote stops counting us until it is back
                 log.warning("could not announce check capacity (Redis unavailable?)")
             await asyncio.sleep(self.heartbeat)
@@ -495,8 +597,7 @@ class CheckPool:
     # -- reads --------------------------------------------------------------------------------------
     def stats(self) -> PoolStats:
         """A snapshot (see :class:`PoolStats`); safe from any thread."""
-        return PoolStats(self.capacity, len(self._running), len(self._pending) + len(self._alone),
-                         self.peak_running, self.totals)
+        return PoolStats(self.capacity, len(self._running), self._held, self.peak_running, self.totals)
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
         """Block until nothing is pending or running and every result was flushed; False on timeout."""
@@ -504,10 +605,10 @@ class CheckPool:
             return True
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if not self._pending and not self._alone and not self._running and not self._done \
-                    and not self._retry \
+            if not self._held and not self._running and not self._done and not self._retry \
                     and not self._handback:
                 self._loop.run(self._flush())
+                self._loop.run(self._side_flush())
                 return True
             time.sleep(0.02)
         return False

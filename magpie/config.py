@@ -126,10 +126,14 @@ class Settings(BaseSettings):
     """Most routes one promote pass claims (catch-up after downtime never bursts past it)."""
     routes_per_task: int = Field(250, alias="MAGPIE_ROUTES_PER_TASK", ge=1, le=5000)
     """Leases carried by one check-task message."""
-    checks_per_process: int = Field(10_000, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
+    checks_per_process: int = Field(15_000, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
     """Checks one check-worker process runs at once on its event loop; capped below the process's
-    file-descriptor limit (raised toward the hard limit at start), with a warning saying so. Distinct from
-    ``MAGPIE_CHECK_CONCURRENCY``, the Procfile's number of Celery processes."""
+    file-descriptor limit (raised toward the hard limit at start; one check holds one socket), with a
+    warning saying so. Distinct from ``MAGPIE_CHECK_CONCURRENCY``, the number of check processes."""
+    check_concurrency: int | None = Field(None, alias="MAGPIE_CHECK_CONCURRENCY", ge=1, le=256)
+    """Celery processes of a worker that consumes the ``checks`` queue when ``--concurrency`` is not given
+    (the default Procfile gives none). Unset: one per CPU core plus one, so that a process paused by its
+    garbage collector or the interpreter lock never leaves a core idle; the worker logs how it was sized."""
     checker_heartbeat: float = Field(2.0, alias="MAGPIE_CHECKER_HEARTBEAT", gt=0, le=60)
     """Seconds between two capacity heartbeats of a check engine; promote counts an engine's slots for
     three heartbeats after its last one."""

@@ -11,7 +11,9 @@ Hash fields of ``<prefix>metrics:counters``: ``checks:<outcome>``, ``stale``,
 ``lateness:b:<upper bound in s>`` (one per fixed bucket, not cumulative, ``+Inf`` last),
 ``lateness:sum_ms``, ``lateness:count``, ``stats_dropped:<policy>``, and the check latency that
 ingestion observes as it stores results (:func:`record_check_latency`): ``latency:b:<bound>``,
-``latency:sum_ms``, ``latency:count`` (alive checks only: a dead check has no latency).
+``latency:sum_ms``, ``latency:count`` (alive checks only: a dead check has no latency); and the
+claim-to-start histograms (:func:`record_start_timings`): ``c2s:...`` (claimed -> started) and one per
+stage, ``stage:<stage>:...`` for each of :data:`START_STAGES`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ LATENESS_BUCKETS: tuple[float, ...] = (
 
 LATENCY_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 30.0, 60.0)
 """Upper bounds in seconds of the check-latency histogram buckets (``+Inf`` is implied)."""
+
+START_BUCKETS: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                                     120.0, 300.0)
+"""Upper bounds in seconds of the claim-to-start histograms' buckets (``+Inf`` is implied)."""
+
+START_STAGES: tuple[str, ...] = ("dispatch", "transit", "admit", "wait")
+"""The stages of a lease's way from claim to start: ``dispatch`` (claimed -> its message sent), ``transit``
+(sent -> received by a check process), ``admit`` (received -> on the pool's event loop), ``wait``
+(admitted -> started in a free slot)."""
 
 CHECK_OUTCOMES: tuple[str, ...] = ("alive", "dead", "lease_lost", "aborted", "malformed", "retried")
 """Every outcome :func:`check_outcomes` counts (the exporter shows each, zero until counted)."""
@@ -109,6 +120,60 @@ def record_check_batch(
         return True
     except redis_lib.RedisError as exc:
         log.warning("could not record check metrics: %s", exc)
+        return False
+
+
+def _add_histogram(pipe, key: str, head: str, seconds: Sequence[float], bounds: Sequence[float]) -> None:
+    buckets: dict[str, int] = {}
+    for v in seconds:
+        f = _bucket_field(v, bounds, head)
+        buckets[f] = buckets.get(f, 0) + 1
+    for f, c in buckets.items():
+        pipe.hincrby(key, f, c)
+    pipe.hincrbyfloat(key, f"{head}:sum_ms", sum(seconds) * 1000.0)
+    pipe.hincrby(key, f"{head}:count", len(seconds))
+
+
+def record_start_timings(redis: redis_lib.Redis, prefix: str, samples: Sequence) -> bool:
+    """Add started leases' claim-to-start figures and their lateness, in one pipelined round trip.
+
+    Args:
+        samples: :class:`magpie.checkpool.StartTiming`-shaped objects (``claimed``, ``dispatched``,
+            ``received``, ``admitted``, ``started``, ``due``: Unix ms, 0 where unknown). A lease without
+            a claim stamp counts in the lateness only; a stage with an unknown end counts nothing.
+            Negative spans (clock skew across hosts) count as 0.
+    Returns:
+        True when recorded; False when Redis refused (logged, never raised).
+    """
+    if not samples:
+        return True
+    key = counters_key(prefix)
+    pipe = redis.pipeline(transaction=False)
+    c2s: list[float] = []
+    stages: dict[str, list[float]] = {name: [] for name in START_STAGES}
+    lateness: list[float] = []
+    for t in samples:
+        if t.due:
+            lateness.append(t.started - t.due)
+        if t.claimed:
+            c2s.append(max(0.0, (t.started - t.claimed) / 1000.0))
+            if t.dispatched:
+                stages["dispatch"].append(max(0.0, (t.dispatched - t.claimed) / 1000.0))
+                stages["transit"].append(max(0.0, (t.received - t.dispatched) / 1000.0))
+        stages["admit"].append(max(0.0, (t.admitted - t.received) / 1000.0))
+        stages["wait"].append(max(0.0, (t.started - t.admitted) / 1000.0))
+    if c2s:
+        _add_histogram(pipe, key, "c2s", c2s, START_BUCKETS)
+    for name, vals in stages.items():
+        if vals:
+            _add_histogram(pipe, key, f"stage:{name}", vals, START_BUCKETS)
+    if lateness:
+        _add_histogram(pipe, key, "lateness", [ms / 1000.0 for ms in lateness], LATENESS_BUCKETS)
+    try:
+        pipe.execute()
+        return True
+    except redis_lib.RedisError as exc:
+        log.warning("could not record lease start timings: %s", exc)
         return False
 
 
@@ -230,7 +295,8 @@ def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
 
     Returns:
         ``{"checks": {outcome: int}, "stale": int, "dropped": {policy: int}, "lateness": H,
-        "latency": H}`` (latency: alive checks as stored by ingestion), where ``H`` is ``{"buckets":
+        "latency": H, "claim_to_start": H, "start_stages": {stage: H}}`` (latency: alive checks as stored
+        by ingestion; stages: :data:`START_STAGES`), where ``H`` is ``{"buckets":
         [(upper bound s or inf, cumulative count)], "sum_s": float, "count": int}``; only outcomes and
         policies counted at least once appear.
     Raises:
@@ -250,6 +316,8 @@ def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
         "dropped": dropped,
         "lateness": _histogram(raw, "lateness", LATENESS_BUCKETS),
         "latency": _histogram(raw, "latency", LATENCY_BUCKETS),
+        "claim_to_start": _histogram(raw, "c2s", START_BUCKETS),
+        "start_stages": {name: _histogram(raw, f"stage:{name}", START_BUCKETS) for name in START_STAGES},
     }
 
 
@@ -257,6 +325,8 @@ __all__ = [
     "CHECK_OUTCOMES",
     "LATENCY_BUCKETS",
     "LATENESS_BUCKETS",
+    "START_BUCKETS",
+    "START_STAGES",
     "check_outcomes",
     "count_stats_drops",
     "counters_key",
@@ -264,4 +334,5 @@ __all__ = [
     "read_counters",
     "record_check_batch",
     "record_check_latency",
+    "record_start_timings",
 ]

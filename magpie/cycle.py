@@ -10,6 +10,7 @@ side, which runs the leases, completes them and publishes their results, is :mod
 from __future__ import annotations
 
 import functools
+import time
 from typing import Callable
 
 from magpie.queue import RouteQueue
@@ -39,23 +40,33 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
             return 0
     claimed = 0
     batch: list[dict] = []
+
+    def send(dicts: list[dict]) -> None:
+        now = time.time() * 1000
+        for d in dicts:
+            d["dispatched_ms"] = now
+        dispatch(dicts)
+
     try:
         while claimed < budget:
             leases = queue.pop(min(pop_batch, budget - claimed), max_inflight=max_inflight)
             if not leases:
                 break
             claimed += len(leases)
+            now = time.time() * 1000
             for le in leases:
+                if not le.claimed_ms:
+                    le.claimed_ms = now
                 if le.alone:
-                    dispatch([le.to_dict()])
+                    send([le.to_dict()])
                 else:
                     batch.append(le.to_dict())
             while len(batch) >= routes_per_task:
-                dispatch(batch[:routes_per_task])
+                send(batch[:routes_per_task])
                 del batch[:routes_per_task]
     finally:
         if batch:
-            dispatch(batch)
+            send(batch)
     return claimed
 
 

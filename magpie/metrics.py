@@ -319,6 +319,21 @@ def _counter_families(c: dict):
         "magpie_check_latency_seconds", "Latency of alive checks, observed as ingestion stores them",
         c["latency"],
     )
+    yield _histogram_family(
+        "magpie_lease_claim_to_start_seconds", "Time from a route's claim to its check's start", c["claim_to_start"]
+    )
+    stages = HistogramMetricFamily(
+        "magpie_lease_start_stage_seconds",
+        "Claim-to-start by stage: dispatch (claim to message sent), transit (sent to received), "
+        "admit (received to the pool's loop), wait (admitted to a free slot)",
+        labels=["stage"],
+    )
+    for stage, h in c["start_stages"].items():
+        stages.add_metric(
+            [stage], buckets=[("+Inf" if b == float("inf") else repr(b), n) for b, n in h["buckets"]],
+            sum_value=h["sum_s"],
+        )
+    yield stages
     dropped = CounterMetricFamily(
         "magpie_statistics_dropped", "Check results lost to the results stream bound", labels=["policy"]
     )

@@ -90,15 +90,15 @@ def check_pool():
             if report.dropped:
                 counters.count_stats_drops(r, prefix, stream.overflow, report.dropped)
 
-        def lateness(leases):
-            counters.record_check_batch(r, prefix, {}, 0, counters.lease_lateness_ms(leases))
+        def timings(samples):
+            counters.record_start_timings(r, prefix, samples)
 
         pool = CheckPool(
             route_queue(), profiled_engine(s, engine(), r),
             StreamTarget(stream_key(prefix), GROUP, stream.maxlen, stream.overflow), block_timeout=stream.block_timeout,
             capacity=checks_within_fd_limit(checks.checks_per_process), renew_below_ms=checks.renew_below_ms,
             backoff=Backoff("exponential", checks.retry_base_ms, checks.retry_cap_ms, 2.0, "full"),
-            registry=capacity_registry(), record=record, lateness=lateness,
+            registry=capacity_registry(), record=record, timings=timings,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
             payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix))
         pool.owner_changes = OwnerChanges(pool.queue, pool.stream, r, prefix)

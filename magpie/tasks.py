@@ -37,11 +37,9 @@ def check_routes(sealed: str) -> int:
     """Open one sealed check message (:func:`_dispatch_checks`) and admit its leases into this process's
     check pool; returns the count admitted. Raises :class:`magpie.queue.seal.SealError` for a message
     not sealed under this worker's ``PROXY_ENCRYPTION_KEY`` (its leases expire and come back)."""
-    from magpie.queue import Lease
     from magpie.queue.seal import get_seal
 
-    leases = get_seal(runtime.settings().encryption_key).unseal(sealed)
-    return runtime.check_pool().submit([Lease.from_dict(d) for d in leases])
+    return runtime.check_pool().submit(get_seal(runtime.settings().encryption_key).unseal_leases(sealed))
 
 
 @app.task(name="magpie.ingest_stats", ignore_result=True)

@@ -39,6 +39,26 @@ def _on_init(sender=None, instance=None, conf=None, options=None, **_kw) -> None
     _state["checks"] = consumes_checks(options.get("queues"))
     pool = str(options.get("pool") or options.get("pool_cls") or "prefork")
     _state["prefork"] = "prefork" in pool or "processes" in pool
+    if _state["checks"] and _state["prefork"] and conf is not None:
+        size_check_processes(conf, options.get("concurrency"))
+
+
+def size_check_processes(conf, given) -> None:
+    """Set ``worker_concurrency`` of a check worker started without ``--concurrency``: from
+    ``MAGPIE_CHECK_CONCURRENCY``, else one process per core plus one
+    (:func:`magpie.checker.limits.size_check_worker`); logs the sizing either way.
+
+    Args: ``conf`` the Celery app's configuration; ``given`` the worker's ``--concurrency`` (None or 0:
+    not given). A bad setting raises :class:`magpie.config.ConfigError` (one line naming it)."""
+    from magpie.checker.limits import size_check_worker
+    from magpie.config import get_settings
+
+    s = get_settings()
+    wanted = int(given) if given else s.check_concurrency
+    sizing = size_check_worker(s.checks_per_process, wanted)
+    if not given:
+        conf.worker_concurrency = sizing.processes
+    _state["sizing"] = sizing  # logged once logging is set up (worker_ready)
 
 
 def verify_key_at_start(settings=None, *, poll_s: float = 2.0) -> None:
@@ -127,6 +147,9 @@ def _on_process_init(**_kw) -> None:
 
 @signals.worker_ready.connect(weak=False)
 def _on_ready(**_kw) -> None:
+    sizing = _state.pop("sizing", None)
+    if sizing is not None:
+        log.info(sizing.describe())
     if _state["checks"] and not _state["prefork"]:
         _start_pool()
 

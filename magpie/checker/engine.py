@@ -55,6 +55,7 @@ CHECK_SLACK_SECONDS = 1.0
 
 _RELEARN_AFTER_S = 30.0  # back-off before retrying to learn the own address after a failure
 _ANSWER_ERRORS = frozenset({"BadStatus", "BadEcho"})  # an answer came, but not the judge's
+_LITERALS_MAX = 262_144  # proxy IP literals whose egress verdict is kept (cleared whole when full)
 _JUDGE_RESOLVE_TTL_S = 300.0  # a judge host name is re-resolved this often (socks4 needs an address)
 
 
@@ -181,6 +182,8 @@ class CheckEngine:
         self._learning: asyncio.Future | None = None
         self._judge_ip: str | None = self._judge_host if is_ip_literal(self._judge_host) else None
         self._judge_ip_at = 0.0
+        self._judge_ip_allowed: str | None = None  # the judge address the egress policy last allowed
+        self._literals: dict[str, bool] = {}  # proxy host -> True when an IP literal the policy allows
         self._probe: asyncio.Future | None = None
         self._probe_at = 0.0
         self._probe_ok = True
@@ -213,8 +216,9 @@ class CheckEngine:
         every 5 minutes. Raises :class:`EgressRefused` when the policy refuses every address of the judge."""
         if self._judge_ip is not None and (self._judge_ip == self._judge_host
                                            or time.monotonic() - self._judge_ip_at < _JUDGE_RESOLVE_TTL_S):
-            if self.egress is not None:
+            if self.egress is not None and self._judge_ip_allowed != self._judge_ip:
                 self.egress.check_address(self._judge_ip)
+                self._judge_ip_allowed = self._judge_ip
             return self._judge_ip
         self._judge_ip = (await self._resolve(self._judge_host, self._judge_port))[0]
         self._judge_ip_at = time.monotonic()
@@ -235,10 +239,17 @@ class CheckEngine:
     async def _open(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
         """Connect through ``route`` to the judge; returns the stream and the request to send."""
         host = route.host
-        if self.egress is not None or not is_ip_literal(host):
-            host = (await self._resolve(host, route.port))[0]
-            if self.egress is not None:
-                await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
+        if not self._literals.get(host):  # the verdict on an allowed IP literal is kept per host
+            if is_ip_literal(host):
+                if self.egress is not None:
+                    self.egress.check_address(host)
+                if len(self._literals) >= _LITERALS_MAX:
+                    self._literals.clear()
+                self._literals[host] = True
+            else:
+                host = (await self._resolve(host, route.port))[0]
+        if self.egress is not None:
+            await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
         if route.protocol in ("http", "https"):
             if not self._tls:
                 reader, writer = await asyncio.open_connection(host, route.port)

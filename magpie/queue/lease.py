@@ -23,6 +23,10 @@ class Lease:
         alone: True when the route is in quarantine (it stalled twice since its last completion): it is
             dispatched in a message of its own and checked alone in its process, so that a stall of
             this lease is its own (the dead-letter rule in ``docs/design.md``).
+        claimed_ms: when the claim returned (Unix ms, the claiming process's clock); 0 when unknown.
+        dispatched_ms: when its check message was sent (Unix ms, the dispatching process's clock); 0 when
+            unknown. With the pool's own stamps (received, admitted, started) these give the lease's
+            claim-to-start time (:mod:`magpie.checkpool`); across hosts they carry the hosts' clock skew.
     The cancellation token (:meth:`cancel`, :attr:`cancelled`) is process-local and not serialised.
     """
 
@@ -35,6 +39,8 @@ class Lease:
     retry_attempts: int = 0
     server_offset_ms: float = 0.0
     alone: bool = False
+    claimed_ms: float = 0.0
+    dispatched_ms: float = 0.0
     _token: threading.Event | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -67,7 +73,7 @@ class Lease:
         return {"member": self.member, "payload": self.payload, "previous_score": self.previous_score,
                 "lease_score": self.lease_score, "shard": self.shard, "stalled": self.stalled,
                 "retry_attempts": self.retry_attempts, "server_offset_ms": self.server_offset_ms,
-                "alone": self.alone}
+                "alone": self.alone, "claimed_ms": self.claimed_ms, "dispatched_ms": self.dispatched_ms}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Lease":

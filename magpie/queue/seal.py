@@ -37,7 +37,7 @@ _INFO = b"check-message-v1"  # HKDF label of the message key
 _AAD = b"magpie.check_routes"  # binds a sealed body to the check task
 _NONCE = 12
 FIELDS = ("member", "payload", "previous_score", "lease_score", "shard", "stalled", "retry_attempts",
-          "server_offset_ms", "alone")
+          "server_offset_ms", "alone", "claimed_ms", "dispatched_ms")
 """The :class:`Lease` fields a sealed row carries, in :class:`Lease`'s positional order."""
 
 

@@ -459,14 +459,18 @@ def test_thousands_of_leases_are_handed_back_in_one_call(q):
 
 
 # -- quarantine ------------------------------------------------------------------------------------------
-def test_admitted_leases_are_marked_as_started(q):
-    seed(q, [400] * 3)
+def test_started_leases_are_marked_within_a_flush(q):
+    seed(q, [1500] * 3)
     pool = make_pool(q, FakeEngine(), Published(q))
     try:
         leases = q.pop(3)
         pool.submit(leases)
-        marks = q.r.hmget(q.keys.stalls, [f"{le.member}#s" for le in leases])
-        assert [m.decode() for m in marks] == [le.lease_score for le in leases]
+        fields = [f"{le.member}#s" for le in leases]
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not all(q.r.hmget(q.keys.stalls, fields)):
+            time.sleep(0.01)
+        marks = q.r.hmget(q.keys.stalls, fields)
+        assert [m and m.decode() for m in marks] == [le.lease_score for le in leases]
         assert pool.wait_idle(10)
     finally:
         pool.close()
@@ -519,3 +523,79 @@ def test_two_pools_run_one_quarantined_check_at_a_time_between_them(q):
             p.close()
     assert shared.peak == 1 and sum(p.totals.completed for p in pools) == 6
     assert slot.holder() is None  # given back after each check
+
+
+# -- the hand-off ----------------------------------------------------------------------------------------
+class BlockingEngine(FakeEngine):
+    """Its first check blocks the event loop thread itself until ``release`` is set (a stuck loop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+        self.blocked = threading.Event()
+
+    async def check(self, route, before_attempt=None):
+        if not self.blocked.is_set():
+            self.blocked.set()
+            self.release.wait(30)
+        return await super().check(route, before_attempt)
+
+
+def test_submit_admits_without_waiting_on_the_event_loop(q):
+    """A Celery child hands its leases over while the pool's loop is busy; it never waits on the loop."""
+    seed(q, [5] * 6)
+    engine = BlockingEngine()
+    pool = make_pool(q, engine, Published(q), capacity=100)
+    try:
+        leases = q.pop(6)
+        pool.submit(leases[:1])
+        assert engine.blocked.wait(5)  # the loop thread is now stuck inside a check
+        done = threading.Event()
+        threading.Thread(target=lambda: (pool.submit(leases[1:]), done.set()), daemon=True).start()
+        admitted = done.wait(5)
+        engine.release.set()
+        assert admitted, "submit waited for the event loop"
+        assert pool.wait_idle(10)
+    finally:
+        engine.release.set()
+        pool.close()
+    assert pool.totals.completed == 6
+
+
+def test_each_started_lease_reports_its_way_from_claim_to_start(q):
+    seed(q, [50] * 4)
+    samples = []
+    pool = make_pool(q, FakeEngine(), Published(q), capacity=2, timings=samples.extend)
+    messages = []
+    try:
+        promote(q, messages.append, budget=10, max_inflight=10, routes_per_task=4)
+        for m in messages:
+            pool.submit([Lease.from_dict(d) for d in m])
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert len(samples) == 4
+    for t in samples:
+        assert 0 < t.claimed <= t.dispatched <= t.received <= t.admitted <= t.started
+        assert t.due and t.started - t.due > 0  # due long ago: late
+    waits = sorted(t.started - t.admitted for t in samples)
+    assert waits[-1] >= 40  # two of them waited for a slot (capacity 2, 50 ms checks)
+
+
+def test_start_timings_feed_the_claim_to_start_histograms(redis_client, redis_prefix):
+    from magpie import counters
+    from magpie.checkpool import StartTiming
+
+    base = 1_700_000_000_000.0
+    samples = [StartTiming(base, base + 10, base + 30, base + 31, base + 80, base - 1000),
+               StartTiming(0.0, 0.0, base, base + 1, base + 2, 0.0)]
+    assert counters.record_start_timings(redis_client, redis_prefix, samples)
+    c = counters.read_counters(redis_client, redis_prefix)
+    assert c["claim_to_start"]["count"] == 1 and abs(c["claim_to_start"]["sum_s"] - 0.08) < 1e-6
+    st = c["start_stages"]
+    assert st["dispatch"]["count"] == 1 and st["transit"]["count"] == 1
+    assert st["admit"]["count"] == 2 and st["wait"]["count"] == 2
+    assert abs(st["wait"]["sum_s"] - 0.050) < 1e-6
+    assert c["lateness"]["count"] == 1 and abs(c["lateness"]["sum_s"] - 1.08) < 1e-6
+    le_01 = dict(c["claim_to_start"]["buckets"])[0.1]
+    assert le_01 == 1 and dict(c["claim_to_start"]["buckets"])[0.05] == 0
