@@ -1,8 +1,9 @@
 """Job ``history_retention``: bound check history and daily counters.
 
-* Monthly ``check_history`` partitions whose whole month ends before ``now - MAGPIE_HISTORY_RETENTION_DAYS``
-  are dropped (``DROP TABLE``, one partition per batch): whole partitions go, no row-by-row delete, so
-  history is kept for between the retention and the retention plus one month.
+* ``check_history`` partitions (monthly or daily, ``MAGPIE_PARTITION_SPAN``) whose whole range ends before
+  ``now - MAGPIE_HISTORY_RETENTION_DAYS`` are dropped (``DROP TABLE``, one partition per batch): whole
+  partitions go, no row-by-row delete, so history is kept for between the retention and the retention
+  plus one span (a month, or a day).
 * Rows older than the cutoff that sit in the DEFAULT partition are deleted in batches.
 * ``route_daily`` rows older than ``MAGPIE_DAILY_RETENTION_DAYS`` are deleted in batches.
 

@@ -544,3 +544,36 @@ def test_run_all_jobs_on_an_empty_deployment_and_report_status(s, db, redis_clie
     assert all(
         r["runs_total"] == 1 and r["last_success_at"] and r["leader_active"] is False for r in status.values()
     )
+
+
+def test_daily_partitions_let_retention_drop_one_day_at_a_time(s, db, partitions_cleanup):
+    [r] = _routes(db, 1)
+    day = s.model_copy(update={"partition_span": "day", "partition_days_ahead": 2, "history_retention_days": 2})
+    now = datetime(2094, 5, 10, 9, tzinfo=UTC)
+    early = datetime(2094, 5, 7, 23, tzinfo=UTC)  # in DEFAULT before any partition of its day existed
+    _history(db, [(r.route_id, early, True, 1.0, None), (r.route_id, now, True, 1.0, None)])
+    res = run_job("partitions", day, engine=db, now=now)
+    assert res["status"] == "ok", res
+    assert res["result"]["created"] == ["check_history_p20940510", "check_history_p20940511",
+                                        "check_history_p20940512"]
+    assert _where(db, now) == "check_history_p20940510"
+    res = run_job("partitions", day, engine=db, now=now + timedelta(days=1))
+    assert res["result"]["created"] == ["check_history_p20940513"]
+    # a day-old month boundary is no different: the 7th's row moved into its own day once within retention
+    res = run_job("partitions", day.model_copy(update={"history_retention_days": 5}), engine=db, now=now)
+    assert "check_history_p20940507" in res["result"]["created"] and _where(db, early) == "check_history_p20940507"
+    res = run_job("history_retention", day, engine=db, now=now)
+    assert res["status"] == "ok", res
+    dropped = res["result"]["dropped"]
+    assert "check_history_p20940507" in dropped  # its whole day ended before the cutoff
+    assert not {"check_history_p20940508", "check_history_p20940510"} & set(dropped)
+    with db.begin() as c:
+        names = {p.name for p in list_partitions(c)}
+    assert {"check_history_p20940510", "check_history_p20940511"} <= names
+
+
+def test_an_unknown_partition_span_is_refused():
+    from magpie.maintenance.partitions import create_partition
+
+    with pytest.raises(ValueError, match="partition span must be one of month, day"):
+        create_partition(None, datetime(2094, 1, 1, tzinfo=UTC), "week")
