@@ -177,19 +177,49 @@ def with_reputation(engine, rows: list[dict], label: str | None = None,
               help="Only routes with this reputation label (good >= 80, neutral >= 40, poor below).")
 @click.option("--min-score", type=click.FloatRange(0, 100), default=None,
               help="Only routes whose reputation score is at least this (0-100).")
+@click.option("--limit", type=click.IntRange(0, 1_000_000), default=100, show_default=True,
+              help="Routes per page (0: every route, sorted by address; fine for small deployments only).")
+@click.option("--after", type=click.IntRange(0), default=0,
+              help="Start after this route id (the next-page hint a page ends with).")
 @json_option
 @pass_state
-def routes(state: CliState, workspace: str | None, label: str | None, min_score: float | None,
-           as_json: bool) -> None:
-    """Latest health and reputation of each route (from PostgreSQL); routes not scored yet show '-'."""
+def routes(state: CliState, workspace: str | None, label: str | None, min_score: float | None, limit: int,
+           after: int, as_json: bool) -> None:
+    """Latest health and reputation of each route (from PostgreSQL), a page at a time; routes not scored
+    yet show '-'.
+
+    Pages are read by route id (keyset paging: as fast on the millionth route as on the first); a page
+    that is not the last ends with the command for the next one.
+
+    Example: magpie routes --workspace lists --reputation good --limit 50
+    """
     from magpie.db.repo import latest_health
 
-    rows = with_reputation(state.engine, latest_health(state.engine, workspace, keyring=state.keyring),
-                           label, min_score)
+    if limit == 0:
+        rows = with_reputation(state.engine, latest_health(state.engine, workspace, keyring=state.keyring),
+                               label, min_score)
+        more = None
+    else:
+        rows, more, cursor = [], None, after
+        while len(rows) < limit:  # filters may thin a page out: read on until the page is full
+            page = latest_health(state.engine, workspace, keyring=state.keyring, limit=limit, after=cursor)
+            if not page:
+                break
+            for r in with_reputation(state.engine, page, label, min_score):
+                if len(rows) < limit:
+                    rows.append(r)
+            cursor = page[-1]["route_id"] if len(rows) < limit else rows[-1]["route_id"]
+            if len(page) < limit and len(rows) < limit:
+                cursor = None
+                break
+        more = cursor if len(rows) >= limit else None
     if as_json:
         echo_json(rows)
         return
     print_table(health_table(rows))
+    if more is not None:
+        hint = f"magpie routes --after {more} --limit {limit}" + (f" --workspace {workspace}" if workspace else "")
+        click.echo(f"more routes: {hint}", err=True)
 
 
 COMMANDS = [import_cmd, status, routes]

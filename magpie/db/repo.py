@@ -210,16 +210,20 @@ _HEALTH_COLUMNS = (
 )
 
 
-def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring | None = None) -> list[dict]:
-    """Current health of every route (of one workspace when ``workspace`` is given).
+def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring | None = None, *,
+                  limit: int | None = None, after: int | None = None) -> list[dict]:
+    """Current health of every route (of one workspace when ``workspace`` is given), or one page of it.
 
     Args:
         engine: engine on the magpie database.
         workspace: workspace name; ``None`` for all routes. An unknown name gives an empty list.
         keyring: when given, ``username`` is decrypted; otherwise it is ``None``. Passwords are never
             returned.
+        limit: at most this many routes (keyset paging in route id order, an index range scan however
+            many routes are stored); None: every route.
+        after: with ``limit``, only routes whose ``route_id`` is greater (the last id of the previous page).
     Returns:
-        One dict per route, ordered by protocol, host, port, with keys ``route_id`` (int), ``route_hash``
+        One dict per route, ordered by protocol, host, port (by ``route_id`` when paged), with keys ``route_id`` (int), ``route_hash``
         (str), ``protocol``, ``host``, ``port``, ``username`` (str | None), ``alive`` (bool | None; None
         for a route never checked), ``latency_ms`` (float ms | None), ``status`` (int | None),
         ``anonymity``, ``error`` (str | None), ``last_checked_at`` (aware datetime | None),
@@ -241,7 +245,11 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
                       WHERE rw.route_id = r.id AND w.name = :ws)
         """
         params["ws"] = workspace
-    sql += " ORDER BY r.protocol, r.host, r.port, r.id"
+    if limit is not None:
+        sql += (" AND" if workspace is not None else " WHERE") + " r.id > :after ORDER BY r.id LIMIT :limit"
+        params.update(after=int(after or 0), limit=int(limit))
+    else:
+        sql += " ORDER BY r.protocol, r.host, r.port, r.id"
     out: list[dict] = []
     with engine.connect() as conn:
         for row in conn.execute(sa.text(sql), params):

@@ -171,6 +171,22 @@ def test_routes_cli_shows_and_filters_by_reputation(s, db, monkeypatch):
         assert table.exit_code == 0 and "reputation" in table.output and "neutral" in table.output
         bad = CliRunner().invoke(main, ["routes", "--min-score", "101"])
         assert bad.exit_code == 2
+        # keyset pages: one route a page, each page after the last id of the one before, then the end
+        seen, after = [], 0
+        for _ in range(len(exp) + 1):
+            page = CliRunner().invoke(main, ["routes", "--json", "-w", "rep", "--limit", "1",
+                                                             "--after", str(after)])
+            rows = json.loads(page.stdout)
+            if not rows:
+                break
+            assert len(rows) == 1 and rows[0]["route_id"] > after
+            after = rows[0]["route_id"]
+            seen.append(after)
+        assert sorted(seen) == sorted(exp) and seen == sorted(seen)
+        hint = CliRunner().invoke(main, ["routes", "-w", "rep", "--limit", "1"])
+        assert f"more routes: magpie routes --after {min(exp)} --limit 1" in hint.stderr
+        goods = CliRunner().invoke(main, ["routes", "--json", "--reputation", "good", "--limit", "1"])
+        assert [r["reputation"] for r in json.loads(goods.stdout)] == ["good"]  # read past filtered-out pages
     finally:
         get_settings.cache_clear()
 
