@@ -239,16 +239,23 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
         LEFT JOIN route_health h ON h.route_id = r.id
     """
     params: dict = {}
-    if workspace is not None:
+    if limit is not None and workspace is not None:  # a range of the membership's primary key, in id order
         sql += """
-        WHERE EXISTS (SELECT 1 FROM route_workspaces rw JOIN workspaces w ON w.id = rw.workspace_id
-                      WHERE rw.route_id = r.id AND w.name = :ws)
+        JOIN route_workspaces rw ON rw.route_id = r.id
+        WHERE rw.workspace_id = (SELECT id FROM workspaces WHERE name = :ws) AND rw.route_id > :after
+        ORDER BY rw.route_id LIMIT :limit
         """
-        params["ws"] = workspace
-    if limit is not None:
-        sql += (" AND" if workspace is not None else " WHERE") + " r.id > :after ORDER BY r.id LIMIT :limit"
+        params.update(ws=workspace, after=int(after or 0), limit=int(limit))
+    elif limit is not None:
+        sql += " WHERE r.id > :after ORDER BY r.id LIMIT :limit"
         params.update(after=int(after or 0), limit=int(limit))
     else:
+        if workspace is not None:
+            sql += """
+            WHERE EXISTS (SELECT 1 FROM route_workspaces rw JOIN workspaces w ON w.id = rw.workspace_id
+                          WHERE rw.route_id = r.id AND w.name = :ws)
+            """
+            params["ws"] = workspace
         sql += " ORDER BY r.protocol, r.host, r.port, r.id"
     out: list[dict] = []
     with engine.connect() as conn:
