@@ -148,3 +148,79 @@ async def _check_all(engine: CheckEngine, routes: list[Route], concurrency: int,
 def check_many(routes: Iterable[Route], checker: Checker, concurrency: int = 512) -> list[CheckResult]:
     """Check ``routes`` with ``checker``, at most ``concurrency`` at once; see :meth:`Checker.check_many`."""
     return checker.check_many(routes, concurrency)
+
+
+_SPREAD: dict = {}  # what forked children of check_spread read: the checker's arguments and each share
+
+
+def _check_share(i: int) -> list[CheckResult]:
+    kwargs, shares, width, counter = _SPREAD["kwargs"], _SPREAD["shares"], _SPREAD["width"], _SPREAD["counter"]
+    checker = Checker(**kwargs)
+    pending = [0]
+
+    def tick(_i, _r):  # progress in steps of 64, one lock per step
+        pending[0] += 1
+        if pending[0] >= 64:
+            with counter.get_lock():
+                counter.value += pending[0]
+            pending[0] = 0
+
+    try:
+        return checker.check_many(shares[i], width, on_result=tick)
+    finally:
+        with counter.get_lock():
+            counter.value += pending[0]
+        checker.close()
+
+
+def check_spread(routes: Iterable[Route], checker_kwargs: dict, *, processes: int, per_process: int,
+                 progress: Callable[[int], None] | None = None) -> list[CheckResult]:
+    """Check ``routes`` over ``processes`` forked processes, each with its own event loop and at most
+    ``per_process`` checks in flight; results in the order of ``routes``.
+
+    One event loop is bound by one core and one process's open-file limit (a check holds a socket), so a
+    list of mostly dead proxies, each costing a whole timeout, needs several processes to keep tens of
+    thousands of checks in flight. Routes are dealt out round-robin, so every process gets the same mix.
+
+    Args:
+        checker_kwargs: :class:`Checker` arguments (inherited by the children through ``fork``, never
+            pickled; give ``own_addresses`` so that no child asks the judge again).
+        processes: >= 1; 1 checks in this process.
+        per_process: checks in flight per process (>= 1; already capped below the fd limit).
+        progress: ``progress(done)`` called about twice a second with the results counted so far.
+    Raises ``ValueError`` for ``processes`` or ``per_process`` below 1.
+    """
+    import multiprocessing as mp
+    import time
+
+    routes = list(routes)
+    if processes < 1 or per_process < 1:
+        raise ValueError(f"processes and per_process must be >= 1, got {processes!r}, {per_process!r}")
+    processes = max(1, min(processes, len(routes)))
+    if processes == 1:
+        checker = Checker(**checker_kwargs)
+        try:
+            return checker.check_many(routes, per_process,
+                                      on_result=(lambda i, _r: progress(i + 1)) if progress else None)
+        finally:
+            checker.close()
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    _SPREAD.update(kwargs=checker_kwargs, shares=[routes[i::processes] for i in range(processes)],
+                   width=per_process, counter=counter)
+    try:
+        with ctx.Pool(processes) as pool:
+            pending = pool.map_async(_check_share, range(processes))
+            while not pending.ready():
+                pending.wait(0.5)
+                if progress is not None:
+                    progress(counter.value)
+            per_share = pending.get()
+    finally:
+        _SPREAD.clear()
+    out: list[CheckResult | None] = [None] * len(routes)
+    for i, share in enumerate(per_share):
+        out[i::processes] = share
+    if progress is not None:
+        progress(len(routes))
+    return out  # type: ignore[return-value]

@@ -22,22 +22,32 @@ from magpie.errors import MagpieError
 @click.option("--attempts", default=None, type=click.IntRange(1, 10),
               help="Attempts per route (default MAGPIE_CHECK_ATTEMPTS).")
 @click.option("--concurrency", default=None, type=click.IntRange(1, 1_000_000),
-              help="Checks in flight at once (default MAGPIE_CHECKS_PER_PROCESS, capped by the fd limit).")
+              help="Checks in flight per process (default MAGPIE_CHECKS_PER_PROCESS, capped by the fd limit).")
+@click.option("--processes", default=None, type=click.IntRange(1, 256),
+              help="Check processes (default: MAGPIE_CHECK_CONCURRENCY, else one per core plus one when the "
+                   "list is longer than one process's checks in flight; otherwise 1).")
 @click.option("--ca-bundle", default=None, type=click.Path(exists=True, dir_okay=False),
               help="PEM CA certificates trusted for an https judge (default MAGPIE_JUDGE_CA_BUNDLE, else "
                    "the system store).")
 @json_option
 @pass_state
-def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurrency, ca_bundle,
+def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurrency, processes, ca_bundle,
           as_json) -> None:
     """Check every route of FILE once, now, with no Redis or PostgreSQL.
 
-    Exits 1 when the judge itself does not answer a direct request (no route is blamed then)."""
+    A long list is spread over several processes, each with its own event loop, as the check workers
+    are (a dead proxy costs a whole timeout, so capacity is checks in flight). Exits 1 when the judge
+    itself does not answer a direct request (no route is blamed then).
+
+    Example: magpie check proxies.txt --judge http://127.0.0.1:8899/ --timeout 5 --json
+    """
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from magpie.checker import Checker, checks_within_fd_limit
+    from magpie.checker.check import check_spread
+    from magpie.checker.limits import size_check_worker
     from magpie.importer.parse import parse_file
 
     s = state.settings
@@ -55,30 +65,35 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
 
     guard = EgressPolicy(s.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
     tls = judge_ssl_context(ca_bundle or s.judge_ca_bundle) if is_https(judge_url) else None
-    checker = Checker(judge_url, timeout=timeout, attempts=attempts or s.check_attempts, body_cap=s.body_cap,
-                      connect_timeout=min(s.connect_timeout, timeout), egress=guard, ssl_context=tls)
+    kwargs = dict(judge_url=judge_url, timeout=timeout, attempts=attempts or s.check_attempts, body_cap=s.body_cap,
+                  connect_timeout=min(s.connect_timeout, timeout), egress=guard, ssl_context=tls)
+    checker = Checker(**kwargs)
     try:
         judge_host = urlsplit(judge_url).hostname or ""
         refused = guard.refusal(judge_host) if is_ip_literal(judge_host) else None
         if refused:
             raise MagpieError(f"{source}: judge refused by the egress guard: {refused}")
-        if checker.learn_own_address() is None:
+        own = checker.learn_own_address()
+        if own is None:
             click.echo(f"Error: judge {checker.judge_url} does not answer a direct request with an echo; "
                        "fix --judge (or MAGPIE_JUDGE_URL) before checking routes", err=True)
             raise click.exceptions.Exit(1)
-        setting = "--concurrency" if concurrency else "MAGPIE_CHECKS_PER_PROCESS"
-        width = checks_within_fd_limit(concurrency or s.checks_per_process, setting=setting)
-        if not as_json and sys.stderr.isatty() and parsed.routes:
-            from rich.progress import Progress
-
-            with Progress(console=Console(stderr=True), transient=True) as bar:
-                task = bar.add_task("checking", total=len(parsed.routes))
-                results = checker.check_many(parsed.routes, width,
-                                             on_result=lambda _i, _r: bar.advance(task))
-        else:
-            results = checker.check_many(parsed.routes, width)
     finally:
         checker.close()
+    setting = "--concurrency" if concurrency else "MAGPIE_CHECKS_PER_PROCESS"
+    width = checks_within_fd_limit(concurrency or s.checks_per_process, setting=setting)
+    if processes is None:
+        processes = size_check_worker(width, s.check_concurrency).processes if len(parsed.routes) > width else 1
+    kwargs["own_addresses"] = own
+    if not as_json and sys.stderr.isatty() and parsed.routes:
+        from rich.progress import Progress
+
+        with Progress(console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task("checking", total=len(parsed.routes))
+            results = check_spread(parsed.routes, kwargs, processes=processes, per_process=width,
+                                   progress=lambda done: bar.update(task, completed=done))
+    else:
+        results = check_spread(parsed.routes, kwargs, processes=processes, per_process=width)
     rows = []
     for route, res in zip(parsed.routes, results):
         rows.append({"route": route.display(), "protocol": route.protocol, "alive": res.alive,

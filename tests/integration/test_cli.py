@@ -178,6 +178,26 @@ def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):
         get_settings.cache_clear()
 
 
+def test_one_shot_check_spread_over_processes_gives_each_route_its_own_result_in_order(tmp_path):
+    from magpie.lab.lab import start_free_lab
+
+    lab = start_free_lab(slow_delay=0.5)
+    try:
+        f = tmp_path / "lab.txt"
+        lab.write_list(f)
+        args = ["check", str(f), "--judge", lab.judge_url, "--timeout", "3", "--json"]
+        one = CliRunner().invoke(main, args + ["--processes", "1"])
+        three = CliRunner().invoke(main, args + ["--processes", "3", "--concurrency", "2"])
+    finally:
+        lab.stop()
+    assert one.exit_code == 0 and three.exit_code == 0, (one.output, three.output)
+    a, b = json.loads(one.stdout)["results"], json.loads(three.stdout)["results"]
+    assert len(a) == len(lab.proxies) >= 3
+    assert [(r["route"], r["alive"], r["anonymity"]) for r in a] == [(r["route"], r["alive"], r["anonymity"]) for r in b]
+    expected = {p.route.display(): p.expect_alive for p in lab.proxies}
+    assert {r["route"]: r["alive"] for r in b} == expected
+
+
 def test_one_shot_check_exits_nonzero_when_the_judge_is_unreachable(tmp_path):
     from magpie.lab.lab import start_free_lab
 
