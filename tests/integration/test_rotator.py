@@ -58,7 +58,8 @@ def lab():
 @pytest.fixture
 def rset(settings):
     return settings.model_copy(update=dict(rotator_ports=free_range(), rotator_reconcile=0.3, instance_heartbeat=0.3,
-                                           instance_ttl=1.5, rotator_pool_refresh=0.5, rotator_connect_timeout=2.0))
+                                           instance_ttl=1.5, rotator_pool_refresh=0.5, rotator_connect_timeout=2.0,
+                                           rotator_allow_private="127.0.0.0/8", rotator_allowed_ports="1-65535"))
 
 
 @pytest.fixture
@@ -304,7 +305,8 @@ def test_a_killed_rotator_instance_hands_its_rotators_to_another(db, rset, keyri
     env = dict(os.environ, MAGPIE_DATABASE_URL=pg_url, MAGPIE_REDIS_URL=rset.redis_url,
                MAGPIE_REDIS_PREFIX=rset.redis_prefix, PROXY_ENCRYPTION_KEY=rset.encryption_key,
                MAGPIE_ROTATOR_PORTS=rset.rotator_ports, MAGPIE_ROTATOR_RECONCILE="0.5",
-               MAGPIE_INSTANCE_HEARTBEAT="0.5", MAGPIE_INSTANCE_TTL="2", MAGPIE_ROTATOR_POOL_REFRESH="1")
+               MAGPIE_INSTANCE_HEARTBEAT="0.5", MAGPIE_INSTANCE_TTL="2", MAGPIE_ROTATOR_POOL_REFRESH="1",
+               MAGPIE_ROTATOR_ALLOW_PRIVATE="127.0.0.0/8", MAGPIE_ROTATOR_ALLOWED_PORTS="1-65535")
     procs = [subprocess.Popen([sys.executable, "-m", "magpie", "rotator"], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     try:
