@@ -24,13 +24,13 @@ def seeded(settings, db, redis_client):
     return seed(settings, db, redis_client)
 
 
-def make_client(settings, db, redis_client, token=TOKEN, **kw):
+def make_client(settings, db, redis_client, token=TOKEN, base_url="http://127.0.0.1", **kw):
     from magpie.web.app import create_app
     from magpie.web.service import Dashboard
 
     s = settings.model_copy(update={"web_token": token})
     app = create_app(s, dashboard=Dashboard(s, redis=redis_client, engine=db), sample=False, **kw)
-    return TestClient(app)
+    return TestClient(app, base_url=base_url)
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def test_form_actions(client, seeded, settings, redis_client):
 
 
 def test_reads_need_the_token_off_loopback(settings, db, redis_client, seeded):
-    with make_client(settings, db, redis_client, reads_need_token=True) as c:
+    with make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c:
         assert c.get("/api/status").status_code == 401
         assert c.get("/api/status", headers=AUTH).status_code == 200
         res = c.get("/routes", follow_redirects=False)
@@ -398,7 +398,7 @@ def test_overview_without_postgresql_still_shows_the_schedule(settings, redis_cl
 
     down = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
     app = create_app(settings, dashboard=Dashboard(settings, redis=redis_client, engine=down), sample=False)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://127.0.0.1") as c:
         page = c.get("/")
         assert page.status_code == 200 and 'id="rotators-serving"><a href="/rotators">unavailable' in page.text
         assert "2 worker" in page.text
