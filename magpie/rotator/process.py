@@ -417,7 +417,8 @@ class RotatorProcess:
             out[rid] = {"instance": self.id, "state": "serving", "pool": len(lis.pool), "port": lis.spec.port,
                         "connections": st.connections, "active": st.active, "refused": st.refused,
                         "no_route": st.no_route, "upstream_failures": st.upstream_failures,
-                        "bytes_up": st.bytes_up, "bytes_down": st.bytes_down, "revision": lis.spec.revision}
+                        "bytes_up": st.bytes_up, "bytes_down": st.bytes_down, "revision": lis.spec.revision,
+                        "auth_failures": st.auth_failures, "destination_refused": st.destination_refused}
         for rid, err in self.errors.items():
             out[rid] = {"instance": self.id, "state": "error", "error": err}
         return out
