@@ -77,12 +77,15 @@ class DestinationPolicy:
         egress: the address rules (an :class:`EgressPolicy` built from ``MAGPIE_ROTATOR_ALLOW_PRIVATE``).
         ports: the deployment's allowed destination ports (:func:`parse_ports` syntax).
         resolver: ``await resolver(host, port) -> list[str]`` (default :func:`system_resolver`).
+        resolve_timeout: seconds a destination name may take to resolve (then it is refused).
 
     Raises ``ValueError`` for malformed ``ports``.
     """
 
-    def __init__(self, egress: EgressPolicy, ports: str = DEFAULT_PORTS, resolver=system_resolver):
+    def __init__(self, egress: EgressPolicy, ports: str = DEFAULT_PORTS, resolver=system_resolver,
+                 resolve_timeout: float = 10.0):
         self.egress = egress
+        self.resolve_timeout = float(resolve_timeout)
         self.ports = parse_ports(ports)
         self.resolver = resolver
 
@@ -105,8 +108,8 @@ class DestinationPolicy:
             else:
                 self.egress.check_host(name)
                 try:
-                    addrs = await self.resolver(name, port)
-                except OSError:
+                    addrs = await asyncio.wait_for(self.resolver(name, port), self.resolve_timeout)
+                except (OSError, UnicodeError, TimeoutError):
                     raise DestinationRefused(f"destination refused: {name[:100]!r} does not resolve") from None
             for a in addrs:
                 self.egress.check_address(a)

@@ -217,7 +217,7 @@ class RotatorProcess:
         self.egress = EgressPolicy(settings.check_allow_private)
         self.destinations = DestinationPolicy(
             EgressPolicy(settings.rotator_allow_private, "MAGPIE_ROTATOR_ALLOW_PRIVATE"),
-            settings.rotator_allowed_ports)
+            settings.rotator_allowed_ports, resolve_timeout=settings.rotator_connect_timeout)
         self.throttle = FailureThrottle()
         self.auth_log = FailureLog(log, "rotator: failed client authentications")
 
@@ -227,8 +227,8 @@ class RotatorProcess:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self.limit = asyncio.Semaphore(self.s.rotator_max_connections)
-        await asyncio.to_thread(self.take_over_dead)
         self.heartbeat.start()
+        await asyncio.to_thread(self.take_over_dead)
         watcher = threading.Thread(target=self._watch, name="magpie-rotator-notify", daemon=True)
         watcher.start()
         next_pool = 0.0
@@ -260,6 +260,7 @@ class RotatorProcess:
         Returns how many rotators were taken; Redis or PostgreSQL errors are logged and give 0."""
         taken = 0
         try:
+            self.heartbeat.beat_once()  # this instance is live before it owns anything
             me = process_identity()
             for rec in self.registry.list_live(role=ROLE):
                 if rec.get("id") == self.id or not predecessor_dead(rec, me):

@@ -27,7 +27,7 @@ from starlette.concurrency import run_in_threadpool
 
 from magpie.errors import MagpieError, RefusedError
 from magpie.web import data, fleet
-from magpie.web.auth import COOKIE, AuthRefused, require_action_token, token_matches
+from magpie.web.auth import COOKIE, AuthRefused, is_loopback, require_action_token, token_matches
 from magpie.web.charts import line_chart
 
 log = logging.getLogger(__name__)
@@ -211,7 +211,10 @@ def health(request: Request):
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request):
-    return _page(request, "login.html", "Sign in")
+    s = request.app.state.dashboard.settings
+    plain = (request.url.scheme == "http" and s.web_cookie_secure
+             and not is_loopback(request.url.hostname or ""))
+    return _page(request, "login.html", "Sign in", plain_http=plain)
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -541,3 +541,12 @@ def test_the_banner_shows_only_messages_the_dashboard_wrote(client):
     assert res.status_code == 200 and 'class="flash ok"' in res.text and "paused" in res.text
     forged = str(res.url).replace("paused", "send%20your%20token")
     assert "send your token" not in client.get(forged).text
+
+
+def test_sign_in_over_plain_http_off_loopback_says_the_cookie_needs_https(settings, db, redis_client, seeded):
+    s = settings.model_copy(update={"web_host": "10.9.8.7"})  # in process: nothing listens or dials there
+    with make_client(s, db, redis_client, base_url="http://10.9.8.7") as c:
+        assert "plain HTTP" in c.get("/login").text
+        assert c.get("/api/status").status_code == 401  # reads need the token on that bind
+    with make_client(s, db, redis_client, base_url="https://10.9.8.7") as c:
+        assert "plain HTTP" not in c.get("/login").text
