@@ -10,6 +10,10 @@ which are accepted):
 - **SOCKS5** (RFC 1928, ``CONNECT`` only), with username/password authentication (RFC 1929) when the
   rotator has credentials.
 
+Before any route is tried, the destination passes the listener's
+:class:`magpie.rotator.policy.DestinationPolicy` (refused: ``403`` / SOCKS5 reply 2), and credentials are
+checked under a per-address :class:`magpie.throttle.FailureThrottle`.
+
 Each connection tries up to ``tries`` routes of its :class:`magpie.rotator.pool.RoutePool`: a route that
 fails to connect (or to complete its proxy handshake within ``connect_timeout``) is counted, penalised in
 the pool and skipped for the next one. Upstream handshakes (HTTP CONNECT, SOCKS4, SOCKS5, with the
@@ -200,16 +204,15 @@ class Listener:
         spec = self.spec
         if spec.password is None:
             return True
+        if user is None or password is None:
+            return False  # no credentials yet (a 407 challenge), not a guess
         if self.throttle.blocked(client) > 0:
             self.stats.auth_failures += 1
             self.auth_log.failed(client, blocked=True)
             return False
-        ok = user is not None and password is not None
-        if ok:
-            ok_user = hmac.compare_digest((user or "").encode(), (spec.username or "").encode())
-            ok_pw = hmac.compare_digest(password.encode(), spec.password.encode())
-            ok = ok_user and ok_pw
-        if ok:
+        ok_user = hmac.compare_digest(user.encode(), (spec.username or "").encode())
+        ok_pw = hmac.compare_digest(password.encode(), spec.password.encode())
+        if ok_user and ok_pw:
             self.throttle.succeeded(client)
             return True
         self.stats.auth_failures += 1

@@ -94,7 +94,8 @@ class DestinationPolicy:
         return any(lo <= port <= hi for lo, hi in (own or self.ports))
 
     async def check(self, host: str, port: int, own_ports: tuple[tuple[int, int], ...] | None = None) -> str:
-        """The checked address to hand the upstream for destination ``host:port``.
+        """The checked address to hand the upstream for destination ``host:port`` (an IPv4 one when the
+        name has one).
 
         Every resolved address of a name must pass (one refused address refuses the name).
         Raises :class:`DestinationRefused` naming the port or the address and why."""
@@ -119,7 +120,8 @@ class DestinationPolicy:
             raise DestinationRefused(str(exc)) from None
         if not addrs:
             raise DestinationRefused(f"destination refused: {name[:100]!r} has no address")
-        return str(ipaddress.ip_address(addrs[0]))
+        ips = [ipaddress.ip_address(a.split("%", 1)[0]) for a in addrs]
+        return str(next((ip for ip in ips if ip.version == 4), ips[0]))  # most upstreams speak IPv4
 
 
 __all__ = ["DEFAULT_PORTS", "DestinationPolicy", "DestinationRefused", "format_ports", "parse_ports",

@@ -14,6 +14,11 @@ Coordination is *persisted instance assignment and local reconciliation*:
   rebinds one whose port or protocols changed, and applies other changes (credentials, policy, filters)
   in place without dropping connections. A lost notification only delays convergence by one cadence.
 - pools are reloaded every ``MAGPIE_ROTATOR_POOL_REFRESH`` seconds and on change notifications.
+- a process restarted on the same host takes, at start, the rotators of rotator instances on that host
+  whose process has certainly exited (:func:`predecessor_dead`), instead of waiting for their records to
+  expire; an instance that is alive but stuck keeps its rotators, so no port is bound twice;
+- rotators without credentials listen only on a loopback ``MAGPIE_ROTATOR_HOST`` (elsewhere: state
+  ``error``, not bound); client destinations pass :class:`magpie.rotator.policy.DestinationPolicy`.
 
 Each listener's state (serving or the bind error, pool size, counters) is written to
 ``<prefix>rotator:<id>:state`` with a TTL, for ``magpie rotators list`` and the metrics.
