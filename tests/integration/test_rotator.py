@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
@@ -566,18 +567,69 @@ def test_upstream_names_are_resolved_and_checked_before_every_dial(lab):
     assert asked == ["rebound.invalid"] * 2  # resolved again for the dial, and the checked address dialled
 
 
+class Forwarder:
+    """Relays 127.0.0.1:<port> to ``target`` (so that the name ``localhost`` reaches a lab proxy)."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, args=(target,), daemon=True).start()
+
+    def _accept(self, target):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            u = socket.create_connection(target)
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.srv.close()
+
+
 def test_a_route_named_localhost_is_not_dialled_when_loopback_is_refused(db, rset, keyring, redis_client, lab):
     seed(db, keyring, lab, names=("socks5-elite",))
+    route = lab.proxy("socks5-elite").route
+    fwd = Forwarder((route.host, route.port))
     with db.begin() as c:
-        c.execute(sa.text("UPDATE routes SET host = 'localhost'"))
-    guarded = rset.model_copy(update=dict(check_allow_private="false"))
+        c.execute(sa.text("UPDATE routes SET host = 'localhost', port = :p"), {"p": fwd.port})
+    judge = lab.judge_url[7:].rstrip("/")
     got = add_rotator(db, keyring, name="named", workspace="ws", ports=rset.rotator_ports)
-    run = Running(make_proc(guarded, db, redis_client, keyring))
     try:
-        wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
-        assert connect_status(got["port"], lab.judge_url[7:].rstrip("/")) == b"HTTP/1.1 502 Bad Gateway"
+        run = Running(make_proc(rset, db, redis_client, keyring))  # loopback upstreams allowed: dialled
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+            assert connect_status(got["port"], judge) == b"HTTP/1.1 200 Connection established"
+        finally:
+            run.close()
+        before = fwd.accepted
+        redis_client.delete(state_key(rset.redis_prefix, got["id"]))
+        guarded = rset.model_copy(update=dict(check_allow_private="false"))
+        run = Running(make_proc(guarded, db, redis_client, keyring))
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+            assert connect_status(got["port"], judge) == b"HTTP/1.1 502 Bad Gateway"
+        finally:
+            run.close()
+        assert fwd.accepted == before  # the name resolved to loopback, so nothing was dialled
     finally:
-        run.close()
+        fwd.close()
 
 
 def test_password_guessing_is_throttled_per_client_address_and_logged_as_a_rate(db, rset, keyring, redis_client,
