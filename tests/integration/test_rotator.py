@@ -652,6 +652,10 @@ def test_password_guessing_is_throttled_per_client_address_and_logged_as_a_rate(
             r = requests.get(lab.judge_url, proxies={"http": f"http://alice:correct-horse@127.0.0.1:{port}"},
                              timeout=10)
             assert r.status_code == 407
+            from magpie.rotator.metrics import RotatorCollector
+
+            fams = {f.name: f for f in RotatorCollector(run.proc).collect()}
+            assert [x.value for x in fams["magpie_rotator_auth_failures"].samples] == [32]
         finally:
             run.close()
     lines = [r.getMessage() for r in caplog.records if "failed client authentications" in r.getMessage()]
