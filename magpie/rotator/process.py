@@ -277,7 +277,7 @@ class RotatorProcess:
                 taken += n
                 log.info("rotator %s: took %d rotators of exited instance %s (pid %s)", self.id, n, rec["id"],
                          rec.get("pid"))
-        except Exception:  # noqa: BLE001 - the assigner moves them once the record expires
+        except Exception:  # the assigner moves them once the record expires
             log.warning("rotator %s: taking over exited instances failed", self.id, exc_info=True)
         return taken
 

@@ -19,8 +19,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from magpie.errors import MagpieError, RefusedError
-from magpie.web import api, pages
 from magpie.throttle import FailureLog, FailureThrottle
+from magpie.web import api, pages
 from magpie.web.auth import COOKIE, AuthRefused, Sessions, allowed_hosts, bearer, is_loopback, token_matches
 from magpie.web.service import Dashboard
 

@@ -59,9 +59,9 @@ def lab():
 
 @pytest.fixture
 def rset(settings):
-    return settings.model_copy(update=dict(rotator_ports=free_range(), rotator_reconcile=0.3, instance_heartbeat=0.3,
-                                           instance_ttl=1.5, rotator_pool_refresh=0.5, rotator_connect_timeout=2.0,
-                                           rotator_allow_private="127.0.0.0/8", rotator_allowed_ports="1-65535"))
+    return settings.model_copy(update={"rotator_ports": free_range(), "rotator_reconcile": 0.3, "instance_heartbeat": 0.3,
+                                           "instance_ttl": 1.5, "rotator_pool_refresh": 0.5, "rotator_connect_timeout": 2.0,
+                                           "rotator_allow_private": "127.0.0.0/8", "rotator_allowed_ports": "1-65535"})
 
 
 @pytest.fixture
@@ -467,7 +467,7 @@ def socks5_connect(port: int, host: str, dport: int, creds: tuple[str, str] | No
 
 def test_a_rotator_refuses_loopback_private_and_unlisted_port_destinations(db, rset, keyring, redis_client, lab):
     seed(db, keyring, lab, names=("http-elite", "socks5-elite"))
-    strict = rset.model_copy(update=dict(rotator_allow_private="false", rotator_allowed_ports="80,443"))
+    strict = rset.model_copy(update={"rotator_allow_private": "false", "rotator_allowed_ports": "80,443"})
     got = add_rotator(db, keyring, name="strict", workspace="ws", ports=rset.rotator_ports)
     judge = lab.judge_url[7:].rstrip("/")
     judge_port = int(judge.rsplit(":", 1)[1])
@@ -485,7 +485,7 @@ def test_a_rotator_refuses_loopback_private_and_unlisted_port_destinations(db, r
     finally:
         run.close()
     # loopback allowed back, ports still limited; a rotator's own list replaces the deployment's
-    ports_only = rset.model_copy(update=dict(rotator_allowed_ports="80,443"))
+    ports_only = rset.model_copy(update={"rotator_allowed_ports": "80,443"})
     redis_client.delete(state_key(rset.redis_prefix, got["id"]))
     run = Running(make_proc(ports_only, db, redis_client, keyring))
     try:
@@ -508,7 +508,7 @@ def test_an_open_rotator_serves_loopback_only(db, rset, keyring, redis_client, l
 
     seed(db, keyring, lab, names=("socks5-elite",))
     got = add_rotator(db, keyring, name="open", workspace="ws", ports=rset.rotator_ports)
-    wide = rset.model_copy(update=dict(rotator_host="0.0.0.0"))
+    wide = rset.model_copy(update={"rotator_host": "0.0.0.0"})
     run = Running(make_proc(wide, db, redis_client, keyring))
     try:
         st = wait_for(lambda: read_states(redis_client, rset.redis_prefix, [got["id"]]).get(got["id"]),
@@ -620,7 +620,7 @@ def test_a_route_named_localhost_is_not_dialled_when_loopback_is_refused(db, rse
             run.close()
         before = fwd.accepted
         redis_client.delete(state_key(rset.redis_prefix, got["id"]))
-        guarded = rset.model_copy(update=dict(check_allow_private="false"))
+        guarded = rset.model_copy(update={"check_allow_private": "false"})
         run = Running(make_proc(guarded, db, redis_client, keyring))
         try:
             wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")

@@ -523,13 +523,13 @@ def test_token_guessing_at_sign_in_is_throttled_per_address(settings, db, redis_
 
     from magpie.web.auth import COOKIE
 
-    with caplog.at_level(logging.WARNING, logger="magpie.web"):
-        with make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c:
-            for i in range(20):
-                c.post("/login", data={"token": f"guess-{i:020d}"}, follow_redirects=False)
-            res = c.post("/login", data={"token": TOKEN})
-            assert COOKIE not in c.cookies and "too many failed sign-ins" in res.text
-            assert c.get("/routes", follow_redirects=False).status_code == 303
+    with (caplog.at_level(logging.WARNING, logger="magpie.web"),
+          make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c):
+        for i in range(20):
+            c.post("/login", data={"token": f"guess-{i:020d}"}, follow_redirects=False)
+        res = c.post("/login", data={"token": TOKEN})
+        assert COOKIE not in c.cookies and "too many failed sign-ins" in res.text
+        assert c.get("/routes", follow_redirects=False).status_code == 303
     lines = [r.getMessage() for r in caplog.records if "failed sign-ins" in r.getMessage()]
     assert lines and not any("guess-" in ln or TOKEN in ln for ln in lines)
 
