@@ -412,6 +412,12 @@ def test_rotators_commands(db, settings, monkeypatch):
     assert res.exit_code == 0 and "24000" in res.output and "hunter2" not in res.output
     assert run(main, ["rotators", "remove", "a"]).exit_code == 0
     assert run(main, ["rotators", "remove", "a"]).exit_code == 2
+    res = run(main, ["rotators", "add", "c", "--workspace", "ws"])  # no credentials: it says where it serves
+    assert res.exit_code == 0 and "open rotator (no credentials): served on loopback only" in res.output
+    monkeypatch.setenv("MAGPIE_ROTATOR_HOST", "0.0.0.0")
+    get_settings.cache_clear()
+    res = run(main, ["rotators", "update", "c", "--policy", "next"])
+    assert res.exit_code == 0 and "refused on MAGPIE_ROTATOR_HOST 0.0.0.0" in res.output
     get_settings.cache_clear()
 
 
