@@ -365,6 +365,15 @@ class Settings(BaseSettings):
     """TCP port ``magpie web`` listens on."""
     web_token: str | None = Field(None, alias="MAGPIE_WEB_TOKEN", min_length=16)
     """Bearer token (16+ characters) for the dashboard's operator actions; unset refuses every action."""
+    web_allowed_hosts: str | None = Field(None, alias="MAGPIE_WEB_ALLOWED_HOSTS")
+    """Comma-separated ``Host`` header names the dashboard answers (``*.example.com`` matches subdomains,
+    ``*`` any); others get 400. Default: the bound address and ``localhost`` (any name on a wildcard bind
+    such as ``0.0.0.0``, where every read needs the token)."""
+    web_session_ttl: float = Field(8 * HOUR, alias="MAGPIE_WEB_SESSION_TTL", ge=60, le=30 * DAY)
+    """Seconds a dashboard sign-in lasts (the session cookie's and its Redis record's lifetime)."""
+    web_cookie_secure: bool = Field(True, alias="MAGPIE_WEB_COOKIE_SECURE")
+    """Mark the session cookie ``Secure`` (browsers then send it over HTTPS and to localhost only); false
+    only for a plain-HTTP trial on another address."""
     web_sample_interval: float = Field(10.0, alias="MAGPIE_WEB_SAMPLE_INTERVAL", ge=1, le=HOUR)
     """Seconds between two samples of throughput and lateness kept for the dashboard's charts."""
     web_sample_keep: int = Field(720, alias="MAGPIE_WEB_SAMPLE_KEEP", ge=10, le=10_000)
@@ -521,6 +530,12 @@ class Settings(BaseSettings):
     """Client connections one rotator process serves at once (more wait in the listen backlog)."""
     rotator_metrics_port: int | None = Field(None, alias="MAGPIE_ROTATOR_METRICS_PORT", ge=1, le=65535)
     """Port of the rotator process's ``/metrics`` (None: not served)."""
+    rotator_allow_private: str = Field("false", alias="MAGPIE_ROTATOR_ALLOW_PRIVATE")
+    """Non-public destinations rotator clients may tunnel to (same syntax as ``MAGPIE_CHECK_ALLOW_PRIVATE``;
+    default none: loopback, private and reserved addresses are refused, names after resolution)."""
+    rotator_allowed_ports: str = Field("80,443", alias="MAGPIE_ROTATOR_ALLOWED_PORTS")
+    """Destination ports rotator clients may tunnel to, e.g. ``80,443,8000-8100`` (a rotator's
+    ``--allowed-ports`` replaces it for that rotator)."""
 
 
     # --- settings: reliability (quarantine) ---
@@ -539,7 +554,14 @@ class Settings(BaseSettings):
         parse_cadences(v)
         return v
 
-    @field_validator("check_allow_private", "webhook_allow_private", mode="before")
+    @field_validator("rotator_allowed_ports")
+    @classmethod
+    def _rotator_allowed_ports(cls, v: str) -> str:
+        from magpie.rotator.policy import format_ports, parse_ports
+
+        return format_ports(parse_ports(v))
+
+    @field_validator("check_allow_private", "webhook_allow_private", "rotator_allow_private", mode="before")
     @classmethod
     def _allow_private(cls, v):
         from magpie.egress import parse_allow

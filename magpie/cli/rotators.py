@@ -8,8 +8,10 @@ from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json, rows_table
 
 
-def _filters(protocols, anonymity, max_latency, reputation, country) -> dict:
+def _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports=None) -> dict:
     out = {}
+    if allowed_ports is not None:
+        out["allowed_ports"] = allowed_ports
     if protocols is not None:
         out["protocols"] = protocols
     if anonymity is not None:
@@ -30,6 +32,9 @@ def _filter_options(f):
         click.option("--max-latency", "max_latency", type=float, default=None, help="Most latency (ms)."),
         click.option("--reputation", default=None, type=click.Choice(["good", "neutral", "poor"])),
         click.option("--country", default=None, help="Two-letter country codes, e.g. DE,NL."),
+        click.option("--allowed-ports", "allowed_ports", default=None,
+                     help="Destination ports clients may reach, e.g. 80,443,8000-8100 (default: "
+                          "MAGPIE_ROTATOR_ALLOWED_PORTS)."),
     ]):
         f = opt(f)
     return f
@@ -54,17 +59,34 @@ def rotators() -> None:
 @json_option
 @pass_state
 def rotators_add(state: CliState, name, workspace, listen, port, username, password_env, password_stdin, policy,
-                 sticky_seconds, protocols, anonymity, max_latency, reputation, country, as_json) -> None:
-    """Create a rotator NAME (refused: port_taken, range_exhausted, no_such_workspace)."""
+                 sticky_seconds, protocols, anonymity, max_latency, reputation, country, allowed_ports,
+                 as_json) -> None:
+    """Create a rotator NAME (refused: port_taken, range_exhausted, no_such_workspace).
+
+    Without credentials it is open to anyone who reaches its port, so it is served on loopback only."""
     from magpie.rotator.service import add_rotator
 
     password = _password(password_env, password_stdin)
     got = add_rotator(state.engine, state.keyring, name=name, workspace=workspace, ports=state.settings.rotator_ports,
                       listen=listen, port=port, username=username, password=password,
-                      filters=_filters(protocols, anonymity, max_latency, reputation, country), policy=policy,
-                      sticky_seconds=sticky_seconds, redis=state.redis, prefix=state.settings.redis_prefix)
-    echo_json(got) if as_json else click.echo(f"rotator {got['name']} on port {got['port']} "
-                                              f"({'+'.join(got['listen'])}), workspace {workspace}")
+                      filters=_filters(protocols, anonymity, max_latency, reputation, country, allowed_ports),
+                      policy=policy, sticky_seconds=sticky_seconds, redis=state.redis,
+                      prefix=state.settings.redis_prefix)
+    if as_json:
+        echo_json(got)
+        return
+    click.echo(f"rotator {got['name']} on port {got['port']} ({'+'.join(got['listen'])}), workspace {workspace}")
+    if not got["auth"]:
+        click.echo(_open_note(state.settings.rotator_host), err=True)
+
+
+def _open_note(host: str) -> str:
+    from magpie.rotator.process import is_loopback_host
+
+    if is_loopback_host(host):
+        return "open rotator (no credentials): served on loopback only"
+    return (f"open rotator (no credentials): refused on MAGPIE_ROTATOR_HOST {host}, which is not loopback; "
+            "give it --username with --password-env or --password-stdin")
 
 
 def _password(env_var: str | None, from_stdin: bool) -> str | None:
@@ -104,7 +126,7 @@ def _password(env_var: str | None, from_stdin: bool) -> str | None:
 @pass_state
 def rotators_update(state: CliState, name, listen, port, username, password_env, password_stdin, no_auth, policy,
                     sticky_seconds, enabled, clear_filters, protocols, anonymity, max_latency, reputation, country,
-                    as_json) -> None:
+                    allowed_ports, as_json) -> None:
     """Change rotator NAME; running listeners apply it without a restart."""
     from magpie.rotator.service import get_rotator, update_rotator
 
@@ -124,14 +146,19 @@ def rotators_update(state: CliState, name, listen, port, username, password_env,
         changes["sticky_seconds"] = sticky_seconds
     if enabled is not None:
         changes["enabled"] = enabled
-    new = _filters(protocols, anonymity, max_latency, reputation, country)
+    new = _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports)
     if new or clear_filters:
         base = {} if clear_filters else dict(get_rotator(state.engine, name)["filters"])
         base.update(new)
         changes["filters"] = base
     got = update_rotator(state.engine, state.keyring, name, ports=state.settings.rotator_ports, redis=state.redis,
                          prefix=state.settings.redis_prefix, **changes)
-    echo_json(got) if as_json else click.echo(f"rotator {got['name']} updated (revision {got['revision']})")
+    if as_json:
+        echo_json(got)
+        return
+    click.echo(f"rotator {got['name']} updated (revision {got['revision']})")
+    if not got["auth"]:
+        click.echo(_open_note(state.settings.rotator_host), err=True)
 
 
 @rotators.command("remove")

@@ -10,6 +10,10 @@ which are accepted):
 - **SOCKS5** (RFC 1928, ``CONNECT`` only), with username/password authentication (RFC 1929) when the
   rotator has credentials.
 
+Before any route is tried, the destination passes the listener's
+:class:`magpie.rotator.policy.DestinationPolicy` (refused: ``403`` / SOCKS5 reply 2), and credentials are
+checked under a per-address :class:`magpie.throttle.FailureThrottle`.
+
 Each connection tries up to ``tries`` routes of its :class:`magpie.rotator.pool.RoutePool`: a route that
 fails to connect (or to complete its proxy handshake within ``connect_timeout``) is counted, penalised in
 the pool and skipped for the next one. Upstream handshakes (HTTP CONNECT, SOCKS4, SOCKS5, with the
@@ -32,7 +36,10 @@ from dataclasses import dataclass, field
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
+from magpie.egress import EgressRefused
+from magpie.rotator.policy import DestinationPolicy, DestinationRefused, resolve_allowed, system_resolver
 from magpie.rotator.pool import RoutePool, Upstream
+from magpie.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +54,8 @@ _CHUNK = 64 * 1024
 class ListenerSpec:
     """What a listener needs from its ``rotators`` row: ``rotator_id``, ``name``, ``port``, ``listen``
     (set of ``http``/``socks5``), client ``username``/``password`` (clear, in memory only; None = open),
-    ``policy``, ``sticky_seconds``, ``revision``, ``workspace_id``, ``filters``."""
+    ``policy``, ``sticky_seconds``, ``revision``, ``workspace_id``, ``filters``, ``allowed_ports`` (the
+    rotator's own destination ports as ``((lo, hi), ...)``; None: the deployment's)."""
 
     rotator_id: int
     name: str
@@ -60,13 +68,14 @@ class ListenerSpec:
     revision: int
     workspace_id: int
     filters: dict
+    allowed_ports: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclass
 class ListenerStats:
     """Counters of one listener: ``connections`` accepted, ``active`` now, ``refused`` (auth or protocol),
     ``no_route`` (every try failed or the pool was empty), ``upstream_failures``, ``bytes_up`` (client to
-    upstream), ``bytes_down``."""
+    upstream), ``bytes_down``, ``auth_failures`` (wrong or throttled credentials), ``destination_refused``."""
 
     connections: int = 0
     active: int = 0
@@ -75,6 +84,8 @@ class ListenerStats:
     upstream_failures: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
+    auth_failures: int = 0
+    destination_refused: int = 0
 
 
 class _Refused(Exception):
@@ -89,11 +100,20 @@ class Listener:
         pool: its eligible routes.
         host: bind address. tries: routes tried per connection. connect_timeout / idle_timeout: seconds.
         on_failure: ``on_failure(spec, upstream)`` for every failed upstream (metrics); optional.
+        destinations: the :class:`magpie.rotator.policy.DestinationPolicy` client destinations pass
+            (None: any destination; tools and tests only).
+        upstream_egress: the checks' :class:`magpie.egress.EgressPolicy` every upstream address passes
+            before the dial, after resolving a route's name (None: no check).
+        resolver: ``await resolver(host, port) -> list[str]`` for upstream names (default: getaddrinfo).
+        throttle / auth_log: per-address backoff of failed authentications and their rate log (shared by
+            the process's listeners; default: a private one each).
     """
 
     def __init__(self, spec: ListenerSpec, pool: RoutePool, *, host: str = "127.0.0.1", tries: int = 3,
                  connect_timeout: float = 10.0, idle_timeout: float = 300.0, on_failure=None,
-                 limit: asyncio.Semaphore | None = None):
+                 limit: asyncio.Semaphore | None = None, destinations: DestinationPolicy | None = None,
+                 upstream_egress=None, resolver=system_resolver, throttle: FailureThrottle | None = None,
+                 auth_log: FailureLog | None = None):
         self.spec = spec
         self.pool = pool
         self.host = host
@@ -102,6 +122,11 @@ class Listener:
         self.idle_timeout = float(idle_timeout)
         self.on_failure = on_failure
         self.limit = limit
+        self.destinations = destinations
+        self.upstream_egress = upstream_egress
+        self.resolver = resolver
+        self.throttle = throttle or FailureThrottle()
+        self.auth_log = auth_log or FailureLog(log, "rotator: failed authentications")
         self.stats = ListenerStats()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -174,15 +199,38 @@ class Listener:
         peer = writer.get_extra_info("peername") or ("?",)
         return str(peer[0])
 
-    def _auth_ok(self, user: str | None, password: str | None) -> bool:
+    def _auth_ok(self, client: str, user: str | None, password: str | None) -> bool:
+        """Check the client's credentials, unless its address is blocked by the failure throttle."""
         spec = self.spec
         if spec.password is None:
             return True
         if user is None or password is None:
+            return False  # no credentials yet (a 407 challenge), not a guess
+        if self.throttle.blocked(client) > 0:
+            self.stats.auth_failures += 1
+            self.auth_log.failed(client, blocked=True)
             return False
-        ok_user = hmac.compare_digest((user or "").encode(), (spec.username or "").encode())
+        ok_user = hmac.compare_digest(user.encode(), (spec.username or "").encode())
         ok_pw = hmac.compare_digest(password.encode(), spec.password.encode())
-        return ok_user and ok_pw
+        if ok_user and ok_pw:
+            self.throttle.succeeded(client)
+            return True
+        self.stats.auth_failures += 1
+        self.throttle.failed(client)
+        self.auth_log.failed(client)
+        return False
+
+    async def _destination(self, host: str, port: int) -> str:
+        """The address to hand the upstream for ``host:port`` (checked by the destination policy).
+        Raises :class:`DestinationRefused`."""
+        if self.destinations is None:
+            return host
+        try:
+            return await self.destinations.check(host, port, self.spec.allowed_ports)
+        except DestinationRefused as exc:
+            self.stats.destination_refused += 1
+            log.debug("rotator %s: %s", self.spec.name, exc)
+            raise
 
     # -- SOCKS5 --------------------------------------------------------------------------------------
     async def _socks5(self, reader, writer) -> None:
@@ -203,7 +251,7 @@ class Listener:
             user = (await reader.readexactly(ulen)).decode("utf-8", "replace")
             plen = (await reader.readexactly(1))[0]
             pw = (await reader.readexactly(plen)).decode("utf-8", "replace")
-            if ver != 1 or not self._auth_ok(user, pw):
+            if ver != 1 or not self._auth_ok(self._client_key(writer), user, pw):
                 writer.write(b"\x01\x01")
                 await writer.drain()
                 self.stats.refused += 1
@@ -226,7 +274,12 @@ class Listener:
             await self._socks_reply(writer, 7)  # command not supported
             self.stats.refused += 1
             raise _Refused
-        up = await self._open(host, port, self._client_key(writer))
+        try:
+            dest = await self._destination(host, port)
+        except DestinationRefused:
+            await self._socks_reply(writer, 2)  # connection not allowed by ruleset
+            raise _Refused from None
+        up = await self._open(dest, port, self._client_key(writer))
         if up is None:
             await self._socks_reply(writer, 4)  # host unreachable
             raise _Refused
@@ -263,18 +316,19 @@ class Listener:
                         user, _, password = base64.b64decode(cred.strip()).decode("utf-8").partition(":")
             elif lname not in ("proxy-connection", "connection", "keep-alive"):
                 kept.append(h)
-        if not self._auth_ok(user, password):
+        client = self._client_key(writer)
+        if not self._auth_ok(client, user, password):
             self.stats.refused += 1
             await self._http_reply(writer, 407, "Proxy Authentication Required",
                                    'Proxy-Authenticate: Basic realm="magpie"\r\n')
             raise _Refused
-        client = self._client_key(writer)
         if method.upper() == "CONNECT":
             host, port = _split_hostport(target, 443)
             if host is None:
                 await self._http_reply(writer, 400, "Bad Request")
                 raise _Refused
-            up = await self._open(host, port, client)
+            dest = await self._http_destination(writer, host, port)
+            up = await self._open(dest, port, client)
             if up is None:
                 await self._http_reply(writer, 502, "Bad Gateway")
                 raise _Refused
@@ -292,13 +346,17 @@ class Listener:
             await self._http_reply(writer, 400, "Bad Request")
             raise _Refused
         origin = "/" + path if slash else "/"
-        got = await self._open(host, port, client, forward_http=True)
+        dest = await self._http_destination(writer, host, port)
+        got = await self._open(dest, port, client, forward_http=True)
         if got is None:
             await self._http_reply(writer, 502, "Bad Gateway")
             raise _Refused
         ur, uw, upstream = got
+        if not any(h.partition(":")[0].strip().lower() == "host" for h in kept):
+            kept.insert(0, f"Host: {hostport}")
         if upstream.protocol in ("http", "https"):
-            line = f"{method} {target} {version}"
+            pinned = f"[{dest}]" if ":" in dest else dest
+            line = f"{method} http://{pinned}:{port}{origin} {version}"
             auth = ([f"Proxy-Authorization: Basic {_basic(upstream.username, upstream.password)}"]
                     if upstream.password is not None else [])
         else:
@@ -307,6 +365,13 @@ class Listener:
         uw.write(req)
         self.stats.bytes_up += len(req)
         await self._splice(reader, writer, ur, uw, upstream)
+
+    async def _http_destination(self, writer, host: str, port: int) -> str:
+        try:
+            return await self._destination(host, port)
+        except DestinationRefused:
+            await self._http_reply(writer, 403, "Forbidden")
+            raise _Refused from None
 
     @staticmethod
     async def _http_reply(writer, status: int, reason: str, extra: str = "") -> None:
@@ -325,15 +390,19 @@ class Listener:
                 break
             tried.add(u.route_id)
             try:
+                addr = await asyncio.wait_for(resolve_allowed(u.host, u.port, self.upstream_egress, self.resolver),
+                                              self.connect_timeout)
                 if forward_http and u.protocol in ("http", "https"):
-                    r, w = await asyncio.wait_for(asyncio.open_connection(u.host, u.port), self.connect_timeout)
+                    r, w = await asyncio.wait_for(asyncio.open_connection(addr, u.port), self.connect_timeout)
                 else:
-                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], u.host, u.port, u.username, u.password,
+                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], addr, u.port, u.username, u.password,
                                          rdns=True)
                     sock = await proxy.connect(host, port, timeout=self.connect_timeout)
                     r, w = await asyncio.wait_for(asyncio.open_connection(sock=sock), self.connect_timeout)
                 return r, w, u
-            except Exception:  # noqa: BLE001 - any upstream failure: count it, try the next route
+            except Exception as exc:  # noqa: BLE001 - any upstream failure: count it, try the next route
+                if isinstance(exc, EgressRefused):
+                    log.warning("rotator %s: upstream %s not dialled: %s", self.spec.name, u.label(), exc)
                 self.stats.upstream_failures += 1
                 self.pool.failed(u)
                 if self.on_failure is not None:

@@ -3,7 +3,9 @@
 Families (label ``rotator`` = the rotator's name): ``magpie_rotator_connections_total``,
 ``magpie_rotator_active_connections``, ``magpie_rotator_bytes_total`` (label ``direction`` = ``up``: client
 to upstream, ``down``), ``magpie_rotator_upstream_failures_total``, ``magpie_rotator_no_route_total``,
-``magpie_rotator_refused_total`` and ``magpie_rotator_pool_size`` (eligible routes).
+``magpie_rotator_refused_total``, ``magpie_rotator_auth_failures_total`` (wrong or throttled
+credentials), ``magpie_rotator_destination_refused_total`` (destinations the policy refused) and
+``magpie_rotator_pool_size`` (eligible routes).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class RotatorCollector:
                                    labels=["rotator"])
         refused = CounterMetricFamily("magpie_rotator_refused", "Connections refused: auth or protocol",
                                       labels=["rotator"])
+        auth = CounterMetricFamily("magpie_rotator_auth_failures", "Client authentications failed or throttled",
+                                   labels=["rotator"])
+        dest = CounterMetricFamily("magpie_rotator_destination_refused", "Destinations the policy refused",
+                                   labels=["rotator"])
         pool = GaugeMetricFamily("magpie_rotator_pool_size", "Eligible routes", labels=["rotator"])
         for lis in list(self.proc.listeners.values()):
             n, st = lis.spec.name, lis.stats
@@ -41,8 +47,10 @@ class RotatorCollector:
             fails.add_metric([n], st.upstream_failures)
             none.add_metric([n], st.no_route)
             refused.add_metric([n], st.refused)
+            auth.add_metric([n], st.auth_failures)
+            dest.add_metric([n], st.destination_refused)
             pool.add_metric([n], len(lis.pool))
-        yield from (conns, active, data, fails, none, refused, pool)
+        yield from (conns, active, data, fails, none, refused, auth, dest, pool)
 
 
 def serve_metrics(proc, host: str, port: int) -> CollectorRegistry:

@@ -14,6 +14,11 @@ Coordination is *persisted instance assignment and local reconciliation*:
   rebinds one whose port or protocols changed, and applies other changes (credentials, policy, filters)
   in place without dropping connections. A lost notification only delays convergence by one cadence.
 - pools are reloaded every ``MAGPIE_ROTATOR_POOL_REFRESH`` seconds and on change notifications.
+- a process restarted on the same host takes, at start, the rotators of rotator instances on that host
+  whose process has certainly exited (:func:`predecessor_dead`), instead of waiting for their records to
+  expire; an instance that is alive but stuck keeps its rotators, so no port is bound twice;
+- rotators without credentials listen only on a loopback ``MAGPIE_ROTATOR_HOST`` (elsewhere: state
+  ``error``, not bound); client destinations pass :class:`magpie.rotator.policy.DestinationPolicy`.
 
 Each listener's state (serving or the bind error, pool size, counters) is written to
 ``<prefix>rotator:<id>:state`` with a TTL, for ``magpie rotators list`` and the metrics.
@@ -22,8 +27,11 @@ Each listener's state (serving or the bind error, pool size, counters) is writte
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import os
+import socket
 import threading
 import time
 
@@ -36,13 +44,70 @@ from magpie.instances import Heartbeat, InstanceRegistry
 from magpie.leader import LeaderLock
 from magpie.rotator.listener import Listener, ListenerSpec
 from magpie.rotator.models import Rotator
+from magpie.rotator.policy import DestinationPolicy, parse_ports
 from magpie.rotator.pool import RoutePool, load_pool
 from magpie.rotator.service import channel, list_rotators, load_rows
+from magpie.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
 ROLE = "rotator"
 ASSIGN_LOCK = "rotator-assign"
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and addresses in 127.0.0.0/8 or ``::1`` (where an open rotator may listen)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[] ")).is_loopback
+    except ValueError:
+        return False
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _proc_start(pid: int) -> str | None:
+    """Start time of process ``pid`` in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None
+    when no such process is visible."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+def process_identity() -> dict:
+    """What tells this process from any other on the same host, across restarts and pid reuse: kernel
+    ``boot_id``, pid namespace ``pid_ns``, ``pid`` and its start time ``proc_start`` (None where /proc is
+    missing)."""
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pid_ns = None
+    return {"boot_id": _read("/proc/sys/kernel/random/boot_id"), "pid_ns": pid_ns, "pid": os.getpid(),
+            "proc_start": _proc_start(os.getpid())}
+
+
+def predecessor_dead(record: dict, me: dict | None = None) -> bool:
+    """True when the instance ``record`` (an instance record with :func:`process_identity` fields) belongs
+    to a process that certainly exited: same host name, kernel boot and pid namespace as this process, and
+    its pid is gone or now another process. False whenever that cannot be known (another host)."""
+    me = me or process_identity()
+    ident = record.get("identity") or {}
+    if record.get("host") != socket.gethostname() or not me.get("boot_id") or not me.get("pid_ns"):
+        return False
+    if ident.get("boot_id") != me["boot_id"] or ident.get("pid_ns") != me["pid_ns"] or not ident.get("proc_start"):
+        return False
+    pid = int(record.get("pid") or 0)
+    if pid <= 0:
+        return False
+    return _proc_start(pid) != ident["proc_start"]
 
 
 def state_key(prefix: str, rotator_id: int) -> str:
@@ -137,8 +202,10 @@ class RotatorProcess:
         self.prefix = settings.redis_prefix
         self.listeners: dict[int, Listener] = {}
         self.errors: dict[int, str] = {}
+        identity = process_identity()
         self.heartbeat = Heartbeat(ROLE, redis, self.prefix, interval=settings.instance_heartbeat,
                                    ttl=settings.instance_ttl, instance_id=instance_id,
+                                   fields={"identity": identity},
                                    dynamic={"rotators": lambda: sorted(le.spec.name for le in
                                                                        list(self.listeners.values())),
                                             "connections": lambda: sum(le.stats.active for le in
@@ -153,6 +220,11 @@ class RotatorProcess:
         self._stop = threading.Event()
         self.failures: dict[tuple[str, str], int] = {}
         self.egress = EgressPolicy(settings.check_allow_private)
+        self.destinations = DestinationPolicy(
+            EgressPolicy(settings.rotator_allow_private, "MAGPIE_ROTATOR_ALLOW_PRIVATE"),
+            settings.rotator_allowed_ports, resolve_timeout=settings.rotator_connect_timeout)
+        self.throttle = FailureThrottle()
+        self.auth_log = FailureLog(log, "rotator: failed client authentications")
 
     # -- main loop -----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -161,6 +233,7 @@ class RotatorProcess:
         self._wake = asyncio.Event()
         self.limit = asyncio.Semaphore(self.s.rotator_max_connections)
         self.heartbeat.start()
+        await asyncio.to_thread(self.take_over_dead)
         watcher = threading.Thread(target=self._watch, name="magpie-rotator-notify", daemon=True)
         watcher.start()
         next_pool = 0.0
@@ -186,8 +259,31 @@ class RotatorProcess:
             self._stop.set()
             await self.close()
 
+    def take_over_dead(self) -> int:
+        """Take the rotators of rotator instances on this host whose process exited (a crash restarted by
+        a supervisor), without waiting for their records to expire, and withdraw those records.
+        Returns how many rotators were taken; Redis or PostgreSQL errors are logged and give 0."""
+        taken = 0
+        try:
+            self.heartbeat.beat_once()  # this instance is live before it owns anything
+            me = process_identity()
+            for rec in self.registry.list_live(role=ROLE):
+                if rec.get("id") == self.id or not predecessor_dead(rec, me):
+                    continue
+                with self.engine.begin() as conn:
+                    n = conn.execute(sa.update(Rotator).where(Rotator.instance_id == rec["id"]).values(
+                        instance_id=self.id, assigned_at=sa.func.now(), revision=Rotator.revision + 1)).rowcount
+                self.registry.withdraw(rec["id"])
+                taken += n
+                log.info("rotator %s: took %d rotators of exited instance %s (pid %s)", self.id, n, rec["id"],
+                         rec.get("pid"))
+        except Exception:  # the assigner moves them once the record expires
+            log.warning("rotator %s: taking over exited instances failed", self.id, exc_info=True)
+        return taken
+
     async def close(self) -> None:
         """Stop every listener, release the assigner lock, withdraw the instance record."""
+        self.auth_log.flush(force=True)
         for rid in list(self.listeners):
             await self._stop_listener(rid)
         await asyncio.to_thread(self._release)
@@ -221,6 +317,7 @@ class RotatorProcess:
         rows = await asyncio.to_thread(load_rows, self.engine, self.id)
         await self.reconcile(rows)
         await asyncio.to_thread(self._publish)
+        self.auth_log.flush()
 
     def _assign_if_leader(self) -> None:
         try:
@@ -238,9 +335,11 @@ class RotatorProcess:
 
     def _spec(self, row) -> ListenerSpec:
         password = self.keyring.decrypt(row.password_enc) if row.password_enc else None
+        filters = dict(row.filters or {})
+        own = parse_ports(filters["allowed_ports"]) if filters.get("allowed_ports") else None
         return ListenerSpec(row.id, row.name, int(row.port), frozenset(row.listen.split(",")), row.username,
                             password, row.policy, int(row.sticky_seconds), int(row.revision),
-                            int(row.workspace_id), dict(row.filters or {}))
+                            int(row.workspace_id), filters, own)
 
     async def reconcile(self, rows: list) -> None:
         """Make the running listeners match ``rows`` (this instance's assignments)."""
@@ -252,6 +351,15 @@ class RotatorProcess:
         for rid, row in wanted.items():
             spec = self._spec(row)
             cur = self.listeners.get(rid)
+            if spec.password is None and not is_loopback_host(self.s.rotator_host):
+                if cur is not None:
+                    await self._stop_listener(rid)
+                if rid not in self.errors:
+                    self.errors[rid] = (f"refused: rotator {spec.name} has no password, and MAGPIE_ROTATOR_HOST "
+                                        f"{self.s.rotator_host} is not loopback (an open rotator binds only to "
+                                        "loopback)")
+                    log.warning("rotator %s: %s", spec.name, self.errors[rid])
+                continue
             if cur is not None and (cur.spec.port != spec.port or cur.spec.listen != spec.listen):
                 await self._stop_listener(rid)
                 cur = None
@@ -269,7 +377,8 @@ class RotatorProcess:
         pool = RoutePool([], spec.policy, spec.sticky_seconds)
         lis = Listener(spec, pool, host=self.s.rotator_host, tries=self.s.rotator_tries,
                        connect_timeout=self.s.rotator_connect_timeout, idle_timeout=self.s.rotator_idle_timeout,
-                       on_failure=self._failed, limit=self.limit)
+                       on_failure=self._failed, limit=self.limit, destinations=self.destinations,
+                       upstream_egress=self.egress, throttle=self.throttle, auth_log=self.auth_log)
         try:
             await self._refresh_pool(lis)
             await lis.start()
@@ -279,8 +388,9 @@ class RotatorProcess:
             return
         self.errors.pop(spec.rotator_id, None)
         self.listeners[spec.rotator_id] = lis
-        log.info("rotator %s listening on %s:%d (%s), %d routes", spec.name, self.s.rotator_host, spec.port,
-                 "+".join(sorted(spec.listen)), len(pool))
+        log.info("rotator %s listening on %s:%d (%s), %d routes%s", spec.name, self.s.rotator_host, spec.port,
+                 "+".join(sorted(spec.listen)), len(pool),
+                 ", open (no credentials): loopback only" if spec.password is None else "")
 
     async def _stop_listener(self, rid: int) -> None:
         lis = self.listeners.pop(rid, None)
@@ -313,7 +423,8 @@ class RotatorProcess:
             out[rid] = {"instance": self.id, "state": "serving", "pool": len(lis.pool), "port": lis.spec.port,
                         "connections": st.connections, "active": st.active, "refused": st.refused,
                         "no_route": st.no_route, "upstream_failures": st.upstream_failures,
-                        "bytes_up": st.bytes_up, "bytes_down": st.bytes_down, "revision": lis.spec.revision}
+                        "bytes_up": st.bytes_up, "bytes_down": st.bytes_down, "revision": lis.spec.revision,
+                        "auth_failures": st.auth_failures, "destination_refused": st.destination_refused}
         for rid, err in self.errors.items():
             out[rid] = {"instance": self.id, "state": "error", "error": err}
         return out

@@ -20,7 +20,7 @@ from magpie.db.models import Workspace
 from magpie.errors import MagpieError, Refusal, RefusedError
 from magpie.rotator.models import LISTEN_PROTOCOLS, POLICIES, Rotator
 
-FILTER_KEYS = ("protocols", "anonymity", "max_latency_ms", "reputation", "country")
+FILTER_KEYS = ("protocols", "anonymity", "max_latency_ms", "reputation", "country", "allowed_ports")
 UPSTREAM_PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 REPUTATION = ("good", "neutral", "poor")
@@ -57,7 +57,9 @@ def parse_listen(value: str | Iterable[str]) -> str:
 
 
 def check_filters(filters: dict) -> dict:
-    """Validate a filter dict (keys :data:`FILTER_KEYS`); returns it normalised.
+    """Validate a filter dict (keys :data:`FILTER_KEYS`); returns it normalised. ``allowed_ports`` is
+    not a route filter: it replaces ``MAGPIE_ROTATOR_ALLOWED_PORTS`` as the destination ports this
+    rotator tunnels to (``"80,443,8000-8100"``).
 
     Raises :class:`RotatorError` naming the key and the accepted values."""
     out: dict = {}
@@ -82,6 +84,13 @@ def check_filters(filters: dict) -> dict:
             if not 0 < ms <= 600_000:
                 raise RotatorError(f"filter max_latency_ms: expected 0 < ms <= 600000, got {value!r}")
             out[key] = ms
+        elif key == "allowed_ports":
+            from magpie.rotator.policy import format_ports, parse_ports
+
+            try:
+                out[key] = format_ports(parse_ports(value if isinstance(value, str) else ",".join(map(str, value))))
+            except ValueError as exc:
+                raise RotatorError(f"allowed_ports: {exc}") from None
         elif key == "reputation":
             v = str(value).strip().lower()
             if v not in REPUTATION:

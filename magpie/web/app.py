@@ -15,15 +15,18 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy import exc as sa_exc
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from magpie.errors import MagpieError, RefusedError
+from magpie.throttle import FailureLog, FailureThrottle
 from magpie.web import api, pages
-from magpie.web.auth import COOKIE, AuthRefused, bearer, is_loopback, token_matches
+from magpie.web.auth import COOKIE, AuthRefused, Sessions, allowed_hosts, bearer, is_loopback, token_matches
 from magpie.web.service import Dashboard
 
 log = logging.getLogger(__name__)
 
-_OPEN_PATHS = ("/login", "/static/")
+_OPEN_PATHS = ("/login", "/logout", "/static/")
 
 
 def _wants_json(request: Request) -> bool:
@@ -49,7 +52,9 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
             a loopback address).
         sample: run the chart sampler (:class:`magpie.web.samples.Sampler`) while the app serves.
     Returns:
-        The FastAPI app; ``app.state.dashboard`` is the :class:`Dashboard`.
+        The FastAPI app; ``app.state.dashboard`` is the :class:`Dashboard`, ``app.state.sessions`` the
+        :class:`magpie.web.auth.Sessions`, ``app.state.login_throttle`` the per-address backoff of failed
+        sign-ins. Requests whose ``Host`` is not in :func:`magpie.web.auth.allowed_hosts` get 400.
     """
     dash = dashboard or Dashboard(settings)
     need = (not is_loopback(settings.web_host)) if reads_need_token is None else reads_need_token
@@ -74,6 +79,9 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
                               "`Authorization: Bearer <MAGPIE_WEB_TOKEN>`.")
     app.state.dashboard = dash
     app.state.reads_need_token = need
+    app.state.sessions = Sessions(dash.redis, settings.redis_prefix, settings.web_session_ttl, settings.web_token)
+    app.state.login_throttle = FailureThrottle()
+    app.state.login_log = FailureLog(log, "dashboard: failed sign-ins")
     app.include_router(api.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("magpie.web", "static")]), name="static")
@@ -82,8 +90,13 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
     async def guard(request: Request, call_next):
         path = request.url.path
         if need and not path.startswith(_OPEN_PATHS):
-            token = bearer(request.headers.get("authorization")) or request.cookies.get(COOKIE)
-            if not token_matches(settings.web_token, token):
+            ok = token_matches(settings.web_token, bearer(request.headers.get("authorization")))
+            if not ok and request.cookies.get(COOKIE):
+                try:
+                    ok = await run_in_threadpool(app.state.sessions.valid, request.cookies.get(COOKIE))
+                except redis.RedisError as exc:
+                    return await storage(request, exc)
+            if not ok:
                 if _wants_json(request):
                     return JSONResponse({"ok": False, "refused": "token_required", "member": None,
                                          "detail": "reads need the MAGPIE_WEB_TOKEN token on this address"},
@@ -122,6 +135,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
 
     app.add_exception_handler(redis.RedisError, storage)
     app.add_exception_handler(sa_exc.SQLAlchemyError, storage)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts(settings))
 
     return app
 

@@ -4,18 +4,25 @@ Operator actions need the token, always, given explicitly with each request (``A
 or the ``token`` field of an action form), never taken from a cookie, so a page of another site cannot
 make a browser act (no cross-site request forgery). With no token configured every action is refused
 with :data:`ACTIONS_OFF`. Reads are open on a loopback bind; on any other bind they need the token too
-(a header, or the ``magpie_web_token`` cookie that the sign-in form sets).
+(a header, or a session: the sign-in form checks the token and sets the :data:`COOKIE` session cookie,
+which holds a random session id, never the token; :class:`Sessions` keeps them in Redis with a lifetime).
+
+Every request's ``Host`` header must name the dashboard (:func:`allowed_hosts`), so a page whose own name
+was rebound to a loopback address cannot read it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
+import secrets
 
 from magpie.errors import MagpieError
 
-COOKIE = "magpie_web_token"
-"""Cookie holding the token for reads on a non-loopback bind (HttpOnly, SameSite=Strict)."""
+COOKIE = "magpie_web_session"
+"""Session cookie for reads on a non-loopback bind: a random id (HttpOnly, SameSite=Strict, Secure unless
+``MAGPIE_WEB_COOKIE_SECURE`` is false, ``Max-Age`` ``MAGPIE_WEB_SESSION_TTL``)."""
 
 ACTIONS_OFF = ("operator actions are disabled: set MAGPIE_WEB_TOKEN (16 or more characters) and restart "
                "magpie web")
@@ -70,5 +77,62 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-__all__ = ["ACTIONS_OFF", "COOKIE", "AuthRefused", "bearer", "is_loopback", "require_action_token",
-           "token_matches"]
+def allowed_hosts(settings) -> list[str]:
+    """``Host`` names the dashboard answers: ``MAGPIE_WEB_ALLOWED_HOSTS`` when set, else the bound address
+    (bracketed when IPv6) and ``localhost``; ``["*"]`` (any) on a wildcard bind, where reads need the
+    token anyway."""
+    if settings.web_allowed_hosts:
+        return [h.strip().lower() for h in settings.web_allowed_hosts.split(",") if h.strip()]
+    host = settings.web_host.strip().strip("[]").lower()
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return [host, "localhost"]
+    if ip.is_unspecified:
+        return ["*"]
+    return [f"[{ip}]" if ip.version == 6 else str(ip), "localhost"]
+
+
+class Sessions:
+    """Dashboard sign-ins, kept in Redis as ``<prefix>web:session:<sha256 of the id>`` with a TTL.
+
+    A session is bound to the token it was opened with: changing ``MAGPIE_WEB_TOKEN`` ends every session.
+
+    Args:
+        redis: a redis-py client. prefix: ``MAGPIE_REDIS_PREFIX``. ttl_s: lifetime, seconds.
+        token: ``MAGPIE_WEB_TOKEN`` (None: no session is ever valid).
+    Methods raise ``redis.RedisError`` when Redis is away.
+    """
+
+    def __init__(self, redis, prefix: str, ttl_s: float, token: str | None):
+        self.redis, self.prefix, self.ttl_s = redis, prefix, float(ttl_s)
+        self._mark = (hmac.new(token.encode(), b"magpie web session", hashlib.sha256).hexdigest()
+                      if token else None)
+
+    def _key(self, sid: str) -> str:
+        return f"{self.prefix}web:session:{hashlib.sha256(sid.encode()).hexdigest()}"
+
+    def create(self) -> str:
+        """Open a session; returns its id (the cookie value, 43 URL-safe characters)."""
+        sid = secrets.token_urlsafe(32)
+        self.redis.set(self._key(sid), self._mark or "", px=int(self.ttl_s * 1000))
+        return sid
+
+    def valid(self, sid: str | None) -> bool:
+        """True when ``sid`` is an open, unexpired session of the current token."""
+        if not sid or self._mark is None or len(sid) > 100:
+            return False
+        got = self.redis.get(self._key(sid))
+        if got is None:
+            return False
+        got = got.decode() if isinstance(got, bytes) else got
+        return hmac.compare_digest(got, self._mark)
+
+    def revoke(self, sid: str | None) -> None:
+        """End session ``sid`` (no error when there is none)."""
+        if sid and len(sid) <= 100:
+            self.redis.delete(self._key(sid))
+
+
+__all__ = ["ACTIONS_OFF", "COOKIE", "AuthRefused", "Sessions", "allowed_hosts", "bearer", "is_loopback",
+           "require_action_token", "token_matches"]

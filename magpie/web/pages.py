@@ -9,7 +9,10 @@ Pages: ``/`` (schedule per shard, charts, pause/resume), ``/dead`` (dead letters
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Annotated
@@ -20,10 +23,11 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import exc as sa_exc
+from starlette.concurrency import run_in_threadpool
 
 from magpie.errors import MagpieError, RefusedError
 from magpie.web import data, fleet
-from magpie.web.auth import COOKIE, AuthRefused, require_action_token, token_matches
+from magpie.web.auth import COOKIE, AuthRefused, is_loopback, require_action_token, token_matches
 from magpie.web.charts import line_chart
 
 log = logging.getLogger(__name__)
@@ -65,9 +69,27 @@ templates.env.filters["num"] = _num
 router = APIRouter(include_in_schema=False)
 
 
+_FLASH_KEY = secrets.token_bytes(32)
+"""Signs the messages an action hands to the page it redirects to (per process)."""
+
+
+def _flash_sig(message: str, ok: str) -> str:
+    return hmac.new(_FLASH_KEY, f"{ok}\n{message}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _flash(request: Request) -> tuple[str | None, str | None]:
+    """The banner message and its ``ok`` flag from the URL, only when this process signed them."""
+    q = request.query_params
+    message, ok, sig = q.get("flash"), q.get("ok", ""), q.get("sig", "")
+    if message is None or not hmac.compare_digest(sig.encode(), _flash_sig(message, ok).encode()):
+        return None, None
+    return message, ok
+
+
 def _page(request: Request, name: str, title: str, status_code: int = 200, **ctx) -> HTMLResponse:
     d = request.app.state.dashboard
-    ctx.update(title=title, flash=request.query_params.get("flash"), ok=request.query_params.get("ok"),
+    flash, ok = _flash(request)
+    ctx.update(title=title, flash=flash, ok=ok, signed_in=bool(request.cookies.get(COOKIE)),
                actions_enabled=bool(d.settings.web_token), path=request.url.path,
                here=str(request.url.path) + (f"?{request.url.query}" if request.url.query else ""))
     return templates.TemplateResponse(request, name, ctx, status_code=status_code)
@@ -189,7 +211,10 @@ def health(request: Request):
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request):
-    return _page(request, "login.html", "Sign in")
+    s = request.app.state.dashboard.settings
+    plain = (request.url.scheme == "http" and s.web_cookie_secure
+             and not is_loopback(request.url.hostname or ""))
+    return _page(request, "login.html", "Sign in", plain_http=plain)
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -205,19 +230,40 @@ def _back(target: str) -> str:
 def _redirect(target: str, message: str, ok: bool) -> RedirectResponse:
     base = _back(target).split("?", 1)
     query = parse_qs(base[1]) if len(base) > 1 else {}
-    query = {k: v[0] for k, v in query.items() if k not in ("flash", "ok")}
-    query.update(flash=message, ok="1" if ok else "0")
+    query = {k: v[0] for k, v in query.items() if k not in ("flash", "ok", "sig")}
+    flag = "1" if ok else "0"
+    query.update(flash=message, ok=flag, sig=_flash_sig(message, flag))
     return RedirectResponse(f"{base[0]}?{urlencode(query)}", status_code=303)
 
 
 @router.post("/login")
 async def login(request: Request):
     form = await _form(request)
-    token = request.app.state.dashboard.settings.web_token
-    if not token_matches(token, form.get("token")):
+    state = request.app.state
+    settings = state.dashboard.settings
+    client = request.client.host if request.client else "?"
+    wait = state.login_throttle.blocked(client)
+    if wait > 0:
+        state.login_log.failed(client, blocked=True)
+        return _redirect("/login", f"too many failed sign-ins from this address: try again in {wait:.0f} s", False)
+    if not token_matches(settings.web_token, form.get("token")):
+        state.login_throttle.failed(client)
+        state.login_log.failed(client)
         return _redirect("/login", "the token does not match MAGPIE_WEB_TOKEN", False)
+    state.login_throttle.succeeded(client)
+    sid = await run_in_threadpool(state.sessions.create)
     resp = _redirect("/", "signed in", True)
-    resp.set_cookie(COOKIE, form["token"], httponly=True, samesite="strict")
+    resp.set_cookie(COOKIE, sid, max_age=int(settings.web_session_ttl), path="/", httponly=True, samesite="strict",
+                    secure=bool(settings.web_cookie_secure))
+    return resp
+
+
+@router.post("/logout")
+async def logout(request: Request):
+    settings = request.app.state.dashboard.settings
+    await run_in_threadpool(request.app.state.sessions.revoke, request.cookies.get(COOKIE))
+    resp = _redirect("/login", "signed out", True)
+    resp.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=bool(settings.web_cookie_secure))
     return resp
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -26,7 +28,7 @@ from magpie.crypto import get_keyring
 from magpie.errors import Refusal, RefusedError
 from magpie.lab.lab import start_free_lab
 from magpie.rotator.pool import RoutePool, Upstream
-from magpie.rotator.process import RotatorProcess, assign, read_states
+from magpie.rotator.process import RotatorProcess, assign, read_states, state_key
 from magpie.rotator.service import RotatorError, add_rotator, list_rotators, remove_rotator, update_rotator
 
 NAMES = ("http-elite", "socks4-elite", "socks5-elite", "socks5-auth", "dead")
@@ -57,8 +59,9 @@ def lab():
 
 @pytest.fixture
 def rset(settings):
-    return settings.model_copy(update=dict(rotator_ports=free_range(), rotator_reconcile=0.3, instance_heartbeat=0.3,
-                                           instance_ttl=1.5, rotator_pool_refresh=0.5, rotator_connect_timeout=2.0))
+    return settings.model_copy(update={"rotator_ports": free_range(), "rotator_reconcile": 0.3, "instance_heartbeat": 0.3,
+                                           "instance_ttl": 1.5, "rotator_pool_refresh": 0.5, "rotator_connect_timeout": 2.0,
+                                           "rotator_allow_private": "127.0.0.0/8", "rotator_allowed_ports": "1-65535"})
 
 
 @pytest.fixture
@@ -304,7 +307,8 @@ def test_a_killed_rotator_instance_hands_its_rotators_to_another(db, rset, keyri
     env = dict(os.environ, MAGPIE_DATABASE_URL=pg_url, MAGPIE_REDIS_URL=rset.redis_url,
                MAGPIE_REDIS_PREFIX=rset.redis_prefix, PROXY_ENCRYPTION_KEY=rset.encryption_key,
                MAGPIE_ROTATOR_PORTS=rset.rotator_ports, MAGPIE_ROTATOR_RECONCILE="0.5",
-               MAGPIE_INSTANCE_HEARTBEAT="0.5", MAGPIE_INSTANCE_TTL="2", MAGPIE_ROTATOR_POOL_REFRESH="1")
+               MAGPIE_INSTANCE_HEARTBEAT="0.5", MAGPIE_INSTANCE_TTL="2", MAGPIE_ROTATOR_POOL_REFRESH="1",
+               MAGPIE_ROTATOR_ALLOW_PRIVATE="127.0.0.0/8", MAGPIE_ROTATOR_ALLOWED_PORTS="1-65535")
     procs = [subprocess.Popen([sys.executable, "-m", "magpie", "rotator"], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2)]
     try:
@@ -408,6 +412,12 @@ def test_rotators_commands(db, settings, monkeypatch):
     assert res.exit_code == 0 and "24000" in res.output and "hunter2" not in res.output
     assert run(main, ["rotators", "remove", "a"]).exit_code == 0
     assert run(main, ["rotators", "remove", "a"]).exit_code == 2
+    res = run(main, ["rotators", "add", "c", "--workspace", "ws"])  # no credentials: it says where it serves
+    assert res.exit_code == 0 and "open rotator (no credentials): served on loopback only" in res.output
+    monkeypatch.setenv("MAGPIE_ROTATOR_HOST", "0.0.0.0")
+    get_settings.cache_clear()
+    res = run(main, ["rotators", "update", "c", "--policy", "next"])
+    assert res.exit_code == 0 and "refused on MAGPIE_ROTATOR_HOST 0.0.0.0" in res.output
     get_settings.cache_clear()
 
 
@@ -437,3 +447,302 @@ def test_pool_filters_by_country_reputation_latency_and_credentials(db, keyring,
                                               lab.proxy("socks5-auth").route.password)
     assert lab.proxy("socks5-auth").route.password not in repr(auth)
     assert ports({}, egress=EgressPolicy(False)) == []  # loopback routes refused by the default guard
+
+
+# -- not an open relay -----------------------------------------------------------------------------------
+def connect_status(port: int, target: str) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        return s.recv(1024).split(b"\r\n", 1)[0]
+
+
+def socks5_connect(port: int, host: str, dport: int, creds: tuple[str, str] | None = None) -> int:
+    """SOCKS5 CONNECT by hand; returns the reply code (0 = granted, -1 = authentication refused)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"\x05\x01" + (b"\x02" if creds else b"\x00"))
+        assert s.recv(2)[0] == 5
+        if creds:
+            u, p = (x.encode() for x in creds)
+            s.sendall(bytes([1, len(u)]) + u + bytes([len(p)]) + p)
+            if s.recv(2) != b"\x01\x00":
+                return -1
+        name = host.encode()
+        s.sendall(b"\x05\x01\x00\x03" + bytes([len(name)]) + name + dport.to_bytes(2, "big"))
+        return s.recv(10)[1]
+
+
+def test_a_rotator_refuses_loopback_private_and_unlisted_port_destinations(db, rset, keyring, redis_client, lab):
+    seed(db, keyring, lab, names=("http-elite", "socks5-elite"))
+    strict = rset.model_copy(update={"rotator_allow_private": "false", "rotator_allowed_ports": "80,443"})
+    got = add_rotator(db, keyring, name="strict", workspace="ws", ports=rset.rotator_ports)
+    judge = lab.judge_url[7:].rstrip("/")
+    judge_port = int(judge.rsplit(":", 1)[1])
+    run = Running(make_proc(strict, db, redis_client, keyring))
+    try:
+        wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+        port = got["port"]
+        for target in ("127.0.0.1:6379", "127.0.0.1:5432", "localhost:443", "10.0.0.1:443", "169.254.169.254:80",
+                       "[::1]:443", judge):
+            assert connect_status(port, target) == b"HTTP/1.1 403 Forbidden", target
+        r = requests.get(f"{lab.judge_url}api/status", proxies={"http": f"http://127.0.0.1:{port}"}, timeout=10)
+        assert r.status_code == 403
+        assert socks5_connect(port, "127.0.0.1", 6379) == 2  # connection not allowed by ruleset
+        assert socks5_connect(port, "localhost", 80) == 2
+    finally:
+        run.close()
+    # loopback allowed back, ports still limited; a rotator's own list replaces the deployment's
+    ports_only = rset.model_copy(update={"rotator_allowed_ports": "80,443"})
+    redis_client.delete(state_key(rset.redis_prefix, got["id"]))
+    run = Running(make_proc(ports_only, db, redis_client, keyring))
+    try:
+        wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+        assert connect_status(got["port"], judge) == b"HTTP/1.1 403 Forbidden"
+        update_rotator(db, keyring, "strict", filters={"allowed_ports": str(judge_port)}, redis=redis_client,
+                       prefix=rset.redis_prefix)
+        wait_for(lambda: connect_status(got["port"], judge) == b"HTTP/1.1 200 Connection established",
+                 what="the rotator's own ports")
+        assert connect_status(got["port"], "127.0.0.1:6379") == b"HTTP/1.1 403 Forbidden"
+        assert judge_via(f"http://127.0.0.1:{got['port']}", lab.judge_url)
+    finally:
+        run.close()
+    with pytest.raises(RotatorError, match="allowed_ports"):
+        update_rotator(db, keyring, "strict", filters={"allowed_ports": "70000"})
+
+
+def test_an_open_rotator_serves_loopback_only(db, rset, keyring, redis_client, lab, caplog):
+    import logging
+
+    seed(db, keyring, lab, names=("socks5-elite",))
+    got = add_rotator(db, keyring, name="open", workspace="ws", ports=rset.rotator_ports)
+    wide = rset.model_copy(update={"rotator_host": "0.0.0.0"})
+    run = Running(make_proc(wide, db, redis_client, keyring))
+    try:
+        st = wait_for(lambda: read_states(redis_client, rset.redis_prefix, [got["id"]]).get(got["id"]),
+                      what="state")
+        assert st["state"] == "error" and "no password" in st["error"] and "loopback" in st["error"]
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", got["port"]), timeout=2).close()
+        # with credentials it may listen there
+        update_rotator(db, keyring, "open", username="u", password="long-secret-1", redis=redis_client,
+                       prefix=rset.redis_prefix)
+        wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener with a password")
+    finally:
+        run.close()
+    update_rotator(db, keyring, "open", username=None, password=None)
+    redis_client.delete(state_key(rset.redis_prefix, got["id"]))
+    with caplog.at_level(logging.INFO, logger="magpie.rotator.process"):
+        run = Running(make_proc(rset, db, redis_client, keyring))
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="loopback listener")
+        finally:
+            run.close()
+    assert any("open (no credentials): loopback only" in r.getMessage() for r in caplog.records)
+
+
+def test_upstream_names_are_resolved_and_checked_before_every_dial(lab):
+    from magpie.egress import EgressPolicy
+    from magpie.rotator.listener import Listener, ListenerSpec
+
+    proxy = lab.proxy("socks5-elite").route
+    judge = lab.judge_url[7:].rstrip("/")
+    asked = []
+
+    async def flipped(host, port):  # a name that passed its first check and now points at loopback
+        asked.append(host)
+        return [proxy.host]
+
+    async def through(egress) -> bytes:
+        spec = ListenerSpec(1, "dns", 0, frozenset({"http"}), None, None, "next", 0, 1, 1, {})
+        pool = RoutePool([Upstream(7, "socks5", "rebound.invalid", proxy.port)])
+        lis = Listener(spec, pool, upstream_egress=egress, resolver=flipped, connect_timeout=5)
+        lis.spec.port = 0
+        await lis.start()
+        port = lis._server.sockets[0].getsockname()[1]
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", port)
+            w.write(f"CONNECT {judge} HTTP/1.1\r\n\r\n".encode())
+            line = await asyncio.wait_for(r.readline(), 10)
+            w.close()
+            return line.strip()
+        finally:
+            await lis.stop()
+
+    assert asyncio.run(through(EgressPolicy(False))) == b"HTTP/1.1 502 Bad Gateway"  # loopback: never dialled
+    assert asked == ["rebound.invalid"]
+    assert asyncio.run(through(EgressPolicy("127.0.0.0/8"))) == b"HTTP/1.1 200 Connection established"
+    assert asked == ["rebound.invalid"] * 2  # resolved again for the dial, and the checked address dialled
+
+
+class Forwarder:
+    """Relays 127.0.0.1:<port> to ``target`` (so that the name ``localhost`` reaches a lab proxy)."""
+
+    def __init__(self, target: tuple[str, int]):
+        self.srv = socket.create_server(("127.0.0.1", 0))
+        self.port = self.srv.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._accept, args=(target,), daemon=True).start()
+
+    def _accept(self, target):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            u = socket.create_connection(target)
+            for a, b in ((c, u), (u, c)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a, b):
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.srv.close()
+
+
+def test_a_route_named_localhost_is_not_dialled_when_loopback_is_refused(db, rset, keyring, redis_client, lab):
+    seed(db, keyring, lab, names=("socks5-elite",))
+    route = lab.proxy("socks5-elite").route
+    fwd = Forwarder((route.host, route.port))
+    with db.begin() as c:
+        c.execute(sa.text("UPDATE routes SET host = 'localhost', port = :p"), {"p": fwd.port})
+    judge = lab.judge_url[7:].rstrip("/")
+    got = add_rotator(db, keyring, name="named", workspace="ws", ports=rset.rotator_ports)
+    try:
+        run = Running(make_proc(rset, db, redis_client, keyring))  # loopback upstreams allowed: dialled
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+            assert connect_status(got["port"], judge) == b"HTTP/1.1 200 Connection established"
+        finally:
+            run.close()
+        before = fwd.accepted
+        redis_client.delete(state_key(rset.redis_prefix, got["id"]))
+        guarded = rset.model_copy(update={"check_allow_private": "false"})
+        run = Running(make_proc(guarded, db, redis_client, keyring))
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+            assert connect_status(got["port"], judge) == b"HTTP/1.1 502 Bad Gateway"
+        finally:
+            run.close()
+        assert fwd.accepted == before  # the name resolved to loopback, so nothing was dialled
+    finally:
+        fwd.close()
+
+
+def test_password_guessing_is_throttled_per_client_address_and_logged_as_a_rate(db, rset, keyring, redis_client,
+                                                                                 lab, caplog):
+    import logging
+
+    seed(db, keyring, lab, names=("socks5-elite",))
+    got = add_rotator(db, keyring, name="guarded", workspace="ws", ports=rset.rotator_ports, username="alice",
+                      password="correct-horse")
+    judge_host, judge_port = lab.judge_url[7:].rstrip("/").rsplit(":", 1)
+    with caplog.at_level(logging.WARNING, logger="magpie.rotator"):
+        run = Running(make_proc(rset, db, redis_client, keyring))
+        try:
+            wait_for(lambda: serving(redis_client, rset.redis_prefix, got["id"]), what="listener")
+            port = got["port"]
+            for i in range(30):
+                assert socks5_connect(port, judge_host, int(judge_port), ("alice", f"guess-{i}")) == -1
+            # the right password is not even checked while this address is blocked
+            assert socks5_connect(port, judge_host, int(judge_port), ("alice", "correct-horse")) == -1
+            r = requests.get(lab.judge_url, proxies={"http": f"http://alice:correct-horse@127.0.0.1:{port}"},
+                             timeout=10)
+            assert r.status_code == 407
+            from magpie.rotator.metrics import RotatorCollector
+
+            fams = {f.name: f for f in RotatorCollector(run.proc).collect()}
+            assert [x.value for x in fams["magpie_rotator_auth_failures"].samples] == [32]
+        finally:
+            run.close()
+    lines = [r.getMessage() for r in caplog.records if "failed client authentications" in r.getMessage()]
+    assert lines and "127.0.0.1" in lines[-1]
+    counted = [int(re.search(r"authentications: (\d+) in", ln).group(1)) for ln in lines]
+    assert sum(counted) == 32  # every failure counted, once
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "guess-" not in text and "correct-horse" not in text
+
+
+def test_failure_throttle_backs_off_per_address_and_forgets():
+    from magpie.throttle import FailureThrottle
+
+    now = [0.0]
+    t = FailureThrottle(free=3, base_s=1, cap_s=8, window_s=100, clock=lambda: now[0])
+    assert [t.failed("a") for _ in range(7)] == [0, 0, 0, 1, 2, 4, 8]
+    assert t.failed("a") == 8 and t.blocked("a") == 8 and t.blocked("b") == 0
+    now[0] += 8
+    assert t.blocked("a") == 0 and t.failed("a") == 8  # still within the window: the backoff stays
+    t.succeeded("a")
+    assert t.failed("a") == 0
+    now[0] += 200
+    assert t.blocked("a") == 0 and [t.failed("a") for _ in range(4)] == [0, 0, 0, 1]
+
+
+def test_a_predecessor_counts_as_exited_only_when_this_host_can_tell():
+    from magpie.rotator.process import predecessor_dead, process_identity
+
+    me = process_identity()
+    rec = {"host": socket.gethostname(), "pid": os.getpid(), "identity": me}
+    assert not predecessor_dead(rec, me)  # this very process
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = {**rec, "pid": child.pid, "identity": {**me, "pid": child.pid, "proc_start": "1"}}
+    assert predecessor_dead(gone, me)
+    assert predecessor_dead({**rec, "identity": {**me, "proc_start": "1"}}, me)  # pid reused by this process
+    assert not predecessor_dead({**gone, "host": "elsewhere"}, me)
+    assert not predecessor_dead({**gone, "identity": {**gone["identity"], "boot_id": "other"}}, me)
+    assert not predecessor_dead({"host": socket.gethostname(), "pid": child.pid}, me)  # no identity: unknown
+
+
+@pytest.mark.e2e
+def test_a_restarted_rotator_serves_again_before_its_killed_predecessor_expires(db, rset, keyring, redis_client,
+                                                                                lab, pg_url):
+    seed(db, keyring, lab, names=("http-elite", "socks5-elite"))
+    got = add_rotator(db, keyring, name="back", workspace="ws", ports=rset.rotator_ports)
+    env = dict(os.environ, MAGPIE_DATABASE_URL=pg_url, MAGPIE_REDIS_URL=rset.redis_url,
+               MAGPIE_REDIS_PREFIX=rset.redis_prefix, PROXY_ENCRYPTION_KEY=rset.encryption_key,
+               MAGPIE_ROTATOR_PORTS=rset.rotator_ports, MAGPIE_ROTATOR_RECONCILE="0.5",
+               MAGPIE_INSTANCE_HEARTBEAT="0.5", MAGPIE_INSTANCE_TTL="600", MAGPIE_ROTATOR_POOL_REFRESH="1",
+               MAGPIE_ROTATOR_ALLOW_PRIVATE="127.0.0.0/8", MAGPIE_ROTATOR_ALLOWED_PORTS="1-65535")
+
+    def start():
+        return subprocess.Popen([sys.executable, "-m", "magpie", "rotator"], env=env, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    url = f"http://127.0.0.1:{got['port']}"
+
+    def answers():
+        try:
+            return judge_via(url, lab.judge_url)
+        except requests.RequestException:
+            return None
+
+    procs = [start()]
+    try:
+        wait_for(answers, timeout=20, what="first instance serving")
+        first = read_states(redis_client, rset.redis_prefix, [got["id"]])[got["id"]]["instance"]
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        procs[0].wait(10)
+        procs.append(start())  # a supervisor restarts it at once; the old record lives 600 s more
+        assert wait_for(answers, timeout=30, what="the restarted instance serving")
+        st = wait_for(lambda: read_states(redis_client, rset.redis_prefix, [got["id"]]).get(got["id"]),
+                      what="state")
+        assert st["instance"] != first
+        assert redis_client.get(f"{rset.redis_prefix}instance:{first}") is None  # the exited one withdrawn
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)

@@ -24,13 +24,13 @@ def seeded(settings, db, redis_client):
     return seed(settings, db, redis_client)
 
 
-def make_client(settings, db, redis_client, token=TOKEN, **kw):
+def make_client(settings, db, redis_client, token=TOKEN, base_url="http://127.0.0.1", **kw):
     from magpie.web.app import create_app
     from magpie.web.service import Dashboard
 
     s = settings.model_copy(update={"web_token": token})
     app = create_app(s, dashboard=Dashboard(s, redis=redis_client, engine=db), sample=False, **kw)
-    return TestClient(app)
+    return TestClient(app, base_url=base_url)
 
 
 @pytest.fixture
@@ -199,7 +199,7 @@ def test_form_actions(client, seeded, settings, redis_client):
 
 
 def test_reads_need_the_token_off_loopback(settings, db, redis_client, seeded):
-    with make_client(settings, db, redis_client, reads_need_token=True) as c:
+    with make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c:
         assert c.get("/api/status").status_code == 401
         assert c.get("/api/status", headers=AUTH).status_code == 200
         res = c.get("/routes", follow_redirects=False)
@@ -398,7 +398,7 @@ def test_overview_without_postgresql_still_shows_the_schedule(settings, redis_cl
 
     down = sa.create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2})
     app = create_app(settings, dashboard=Dashboard(settings, redis=redis_client, engine=down), sample=False)
-    with TestClient(app) as c:
+    with TestClient(app, base_url="http://127.0.0.1") as c:
         page = c.get("/")
         assert page.status_code == 200 and 'id="rotators-serving"><a href="/rotators">unavailable' in page.text
         assert "2 worker" in page.text
@@ -470,3 +470,83 @@ def test_a_running_rotator_process_shows_as_serving(settings, db, redis_client):
     assert not thread.is_alive()
     with make_client(s, db, redis_client) as c:  # a clean stop withdraws the instance record at once
         assert c.get("/api/instances", params={"role": "rotator"}).json()["instances"] == []
+
+
+def test_a_request_naming_another_host_is_refused(settings, db, redis_client, seeded):
+    from magpie.web.auth import allowed_hosts
+
+    with make_client(settings, db, redis_client) as c:
+        assert c.get("/api/workspaces", headers={"Host": "evil.example"}).status_code == 400
+        assert "evil" not in c.get("/", headers={"Host": "evil.example:8080"}).text
+        assert c.get("/api/workspaces", headers={"Host": "localhost:8080"}).status_code == 200
+        assert c.get("/api/workspaces", headers={"Host": "127.0.0.1:8080"}).status_code == 200
+    assert allowed_hosts(settings.model_copy(update={"web_host": "::1"})) == ["[::1]", "localhost"]
+    assert allowed_hosts(settings.model_copy(update={"web_host": "0.0.0.0"})) == ["*"]
+    assert allowed_hosts(settings.model_copy(update={"web_allowed_hosts": "Magpie.example, *.ops.example"})) == [
+        "magpie.example", "*.ops.example"]
+
+
+def test_sign_in_is_a_session_with_an_expiry_and_a_sign_out(settings, db, redis_client, seeded):
+    from magpie.web.auth import COOKIE
+
+    with make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c:
+        res = c.post("/login", data={"token": TOKEN}, follow_redirects=False)
+        cookie = res.headers["set-cookie"]
+        sid = c.cookies.get(COOKIE)
+        assert sid and TOKEN not in cookie and TOKEN not in sid
+        attrs = {a.strip().split("=")[0].lower() for a in cookie.split(";")}
+        assert {"secure", "httponly", "max-age", "samesite"} <= attrs and "samesite=strict" in cookie.lower()
+        keys = list(redis_client.scan_iter(match=f"{settings.redis_prefix}web:session:*"))
+        assert len(keys) == 1 and 0 < redis_client.pttl(keys[0]) <= settings.web_session_ttl * 1000
+        assert c.get("/routes").status_code == 200
+        assert "Sign out" in c.get("/routes").text
+        res = c.post("/logout", follow_redirects=False)
+        assert res.status_code == 303 and res.headers["location"].startswith("/login")
+        assert not list(redis_client.scan_iter(match=f"{settings.redis_prefix}web:session:*"))
+        c.cookies.set(COOKIE, sid)  # the old cookie, replayed
+        assert c.get("/routes", follow_redirects=False).status_code == 303
+        c.cookies.set(COOKIE, TOKEN)  # the raw token is no session
+        assert c.get("/routes", follow_redirects=False).status_code == 303
+    # a session opened with one token ends when the token changes
+    with make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c:
+        c.post("/login", data={"token": TOKEN}, follow_redirects=False)
+        sid = c.cookies.get(COOKIE)
+    other = "another-token-0123456789"
+    with make_client(settings, db, redis_client, token=other, reads_need_token=True,
+                     base_url="https://127.0.0.1") as c:
+        c.cookies.set(COOKIE, sid)
+        assert c.get("/routes", follow_redirects=False).status_code == 303
+
+
+def test_token_guessing_at_sign_in_is_throttled_per_address(settings, db, redis_client, seeded, caplog):
+    import logging
+
+    from magpie.web.auth import COOKIE
+
+    with (caplog.at_level(logging.WARNING, logger="magpie.web"),
+          make_client(settings, db, redis_client, reads_need_token=True, base_url="https://127.0.0.1") as c):
+        for i in range(20):
+            c.post("/login", data={"token": f"guess-{i:020d}"}, follow_redirects=False)
+        res = c.post("/login", data={"token": TOKEN})
+        assert COOKIE not in c.cookies and "too many failed sign-ins" in res.text
+        assert c.get("/routes", follow_redirects=False).status_code == 303
+    lines = [r.getMessage() for r in caplog.records if "failed sign-ins" in r.getMessage()]
+    assert lines and not any("guess-" in ln or TOKEN in ln for ln in lines)
+
+
+def test_the_banner_shows_only_messages_the_dashboard_wrote(client):
+    page = client.get("/", params={"flash": "Your session expired: call +1 555 0100", "ok": "1"})
+    assert page.status_code == 200 and "555 0100" not in page.text
+    res = client.post("/ui/actions/pause", data={"token": TOKEN, "next": "/dead"})
+    assert res.status_code == 200 and 'class="flash ok"' in res.text and "paused" in res.text
+    forged = str(res.url).replace("paused", "send%20your%20token")
+    assert "send your token" not in client.get(forged).text
+
+
+def test_sign_in_over_plain_http_off_loopback_says_the_cookie_needs_https(settings, db, redis_client, seeded):
+    s = settings.model_copy(update={"web_host": "10.9.8.7"})  # in process: nothing listens or dials there
+    with make_client(s, db, redis_client, base_url="http://10.9.8.7") as c:
+        assert "plain HTTP" in c.get("/login").text
+        assert c.get("/api/status").status_code == 401  # reads need the token on that bind
+    with make_client(s, db, redis_client, base_url="https://10.9.8.7") as c:
+        assert "plain HTTP" not in c.get("/login").text

@@ -20,7 +20,7 @@ def _app():
     from magpie.config import load_settings
     from magpie.web.app import create_app
 
-    return create_app(load_settings(web_token=TOKEN), sample=False)
+    return create_app(load_settings(web_token=TOKEN, web_allowed_hosts="testserver,localhost"), sample=False)
 
 
 APP = _app()  # the document needs no storage; each test gives the app its seeded clients
