@@ -58,7 +58,7 @@ def test_a_check_never_outlives_attempts_times_deadline(faults):
     assert time.monotonic() - t0 < eng.max_check_seconds
 
 
-def test_tarpit_is_a_read_timeout_for_http_and_a_connect_timeout_for_socks5(faults):
+def test_tarpit_is_a_read_timeout_at_the_deadline_for_http_and_for_a_socks5_handshake(faults):
     eng = engine(faults, timeout=0.6, attempts=1, connect_timeout=0.3)
 
     async def both():
@@ -67,7 +67,8 @@ def test_tarpit_is_a_read_timeout_for_http_and_a_connect_timeout_for_socks5(faul
 
     http, socks = run(both())
     assert (http.alive, http.error) == (False, "ReadTimeout")
-    assert (socks.alive, socks.error) == (False, "ConnectTimeout")  # the SOCKS handshake never finished
+    assert (socks.alive, socks.error) == (False, "ReadTimeout")  # the SOCKS handshake never finished
+    assert socks.connect_ms is not None and socks.handshake_ms is None, socks
 
 
 def test_refused_connection_is_final_within_the_cycle(faults):
