@@ -127,12 +127,12 @@ def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, 
 
 
 def _env(settings, redis_prefix, pg_url, **extra) -> dict:
-    env = dict(os.environ, MAGPIE_REDIS_URL=settings.redis_url, MAGPIE_REDIS_PREFIX=redis_prefix,
-               MAGPIE_DATABASE_URL=pg_url, PROXY_ENCRYPTION_KEY=settings.encryption_key,
-               MAGPIE_BROKER_URL=settings.redis_url, MAGPIE_BROKER_KEY_PREFIX=redis_prefix + "broker:", **extra)
+    env = dict(os.environ)
     for name in ("MAGPIE_FLOWER_BASIC_AUTH", "MAGPIE_FLOWER_ALLOW_NO_AUTH", "FLOWER_BASIC_AUTH", "FLOWER_AUTH"):
         env.pop(name, None)
-    return env
+    return dict(env, MAGPIE_REDIS_URL=settings.redis_url, MAGPIE_REDIS_PREFIX=redis_prefix,
+                MAGPIE_DATABASE_URL=pg_url, PROXY_ENCRYPTION_KEY=settings.encryption_key,
+                MAGPIE_BROKER_URL=settings.redis_url, MAGPIE_BROKER_KEY_PREFIX=redis_prefix + "broker:", **extra)
 
 
 def test_magpie_init_writes_the_deployment_files_the_wheel_carries(installed, settings, redis_prefix, pg_url):
@@ -168,7 +168,7 @@ def test_flower_from_the_wheel_refuses_to_run_without_a_login_and_serves_loopbac
     port = _free_port()
     celery = [str(_bin(installed) / "celery"), "-A", "magpie", "flower", f"--port={port}"]
     env = _env(settings, redis_prefix, pg_url)
-    bare = subprocess.run(celery, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    bare = subprocess.run(celery, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert bare.returncode != 0
     assert "flower: refusing to start without authentication" in bare.stderr, bare.stderr[-2000:]
     env["MAGPIE_FLOWER_BASIC_AUTH"] = "ops:a long password"
