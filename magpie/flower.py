@@ -70,9 +70,9 @@ def flower_options(settings=None) -> dict:
         out["basic_auth"] = [s.flower_basic_auth]
     elif not (options.basic_auth or options.auth or options.auth_provider):
         if not s.flower_allow_no_auth:
-            raise SystemExit("flower: refusing to start without authentication: set MAGPIE_FLOWER_BASIC_AUTH="
-                             "user:password (or MAGPIE_FLOWER_ALLOW_NO_AUTH=1 for a loopback-only development "
-                             "Flower)")
+            raise SystemExit("flower: refusing to start without authentication: set "
+                             "MAGPIE_FLOWER_BASIC_AUTH=user:password (or MAGPIE_FLOWER_ALLOW_NO_AUTH=1 for a "
+                             "loopback-only development Flower)")
         if options.unix_socket == "" and not _is_loopback(out["address"]):
             raise SystemExit(f"flower: MAGPIE_FLOWER_ALLOW_NO_AUTH=1 binds a loopback address only, not "
                              f"{out['address']!r}; set MAGPIE_FLOWER_BASIC_AUTH=user:password")

@@ -280,7 +280,8 @@ class CheckEngine:
         kind = _SOCKS_TYPES[route.protocol]
         if kind is ProxyType.SOCKS4:
             dest = await self._judge_address()
-            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False, forward=_Dialer(connected))
+            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
+                          forward=_Dialer(connected))
         else:
             dest = self._judge_host
             proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True,

@@ -29,7 +29,8 @@ def cache_families(redis, prefix: str):
     rev = GaugeMetricFamily("magpie_config_cache_revision", "Check-config revision a process holds",
                             labels=["process"])
     lag = GaugeMetricFamily("magpie_config_cache_revision_lag",
-                            "Persisted check-config revision minus the one a process holds", labels=["process"])
+                            "Persisted check-config revision minus the one a process holds",
+                            labels=["process"])
     age = GaugeMetricFamily("magpie_config_cache_sync_age_seconds",
                             "Seconds since a process last compared its cache with the persisted revision",
                             labels=["process"])

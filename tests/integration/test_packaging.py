@@ -128,11 +128,13 @@ def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, 
 
 def _env(settings, redis_prefix, pg_url, **extra) -> dict:
     env = dict(os.environ)
-    for name in ("MAGPIE_FLOWER_BASIC_AUTH", "MAGPIE_FLOWER_ALLOW_NO_AUTH", "FLOWER_BASIC_AUTH", "FLOWER_AUTH"):
+    for name in ("MAGPIE_FLOWER_BASIC_AUTH", "MAGPIE_FLOWER_ALLOW_NO_AUTH", "FLOWER_BASIC_AUTH",
+                 "FLOWER_AUTH"):
         env.pop(name, None)
     return dict(env, MAGPIE_REDIS_URL=settings.redis_url, MAGPIE_REDIS_PREFIX=redis_prefix,
                 MAGPIE_DATABASE_URL=pg_url, PROXY_ENCRYPTION_KEY=settings.encryption_key,
-                MAGPIE_BROKER_URL=settings.redis_url, MAGPIE_BROKER_KEY_PREFIX=redis_prefix + "broker:", **extra)
+                MAGPIE_BROKER_URL=settings.redis_url, MAGPIE_BROKER_KEY_PREFIX=redis_prefix + "broker:",
+                **extra)
 
 
 def test_magpie_init_writes_the_deployment_files_the_wheel_carries(installed, settings, redis_prefix, pg_url):
@@ -164,7 +166,8 @@ def test_flower_from_the_wheel_refuses_to_run_without_a_login_and_serves_loopbac
     cwd = tmp_path / "empty"
     cwd.mkdir()
     if where != "an empty directory":
-        assert run_installed(installed, _env(settings, redis_prefix, pg_url), "init", str(cwd)).returncode == 0
+        init = run_installed(installed, _env(settings, redis_prefix, pg_url), "init", str(cwd))
+        assert init.returncode == 0, init.stderr
     port = _free_port()
     celery = [str(_bin(installed) / "celery"), "-A", "magpie", "flower", f"--port={port}"]
     env = _env(settings, redis_prefix, pg_url)
@@ -173,7 +176,8 @@ def test_flower_from_the_wheel_refuses_to_run_without_a_login_and_serves_loopbac
     assert "flower: refusing to start without authentication" in bare.stderr, bare.stderr[-2000:]
     env["MAGPIE_FLOWER_BASIC_AUTH"] = "ops:a long password"
     log = open(tmp_path / "flower.log", "w")
-    proc = subprocess.Popen(celery, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(celery, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         assert _answers(f"http://127.0.0.1:{port}/", 60, proc).status_code == 401
         assert _answers(f"http://127.0.0.1:{port}/workers", 5, proc,
@@ -209,14 +213,15 @@ def test_the_readme_at_a_glance_runs_from_an_initialised_directory(installed, se
         lst = deployment / "proxies.txt"
         lab.write_list(lst)
         run("magpie", "db", "upgrade")
-        assert json.loads(run("magpie", "import", "proxies.txt", "--workspace", "acme", "--json"))["imported"] \
-            == len(lab.proxies)
+        imported = json.loads(run("magpie", "import", "proxies.txt", "--workspace", "acme", "--json"))
+        assert imported["imported"] == len(lab.proxies)
         log = open(tmp_path / "honcho.log", "w")
         honcho = subprocess.Popen(["honcho", "start"], cwd=deployment, env=env, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
         rows = checked_until([honcho], db, settings, tmp_path / "honcho.log", lambda p: None,
                              workspace="acme", rounds=1, timeout=120)
-        assert rows and all((r["checks_total"] or 0) >= 1 for r in rows), (tmp_path / "honcho.log").read_text()[-3000:]
+        assert rows and all((r["checks_total"] or 0) >= 1 for r in rows), \
+            (tmp_path / "honcho.log").read_text()[-3000:]
         assert _answers(f"http://127.0.0.1:{flower_port}/", 30, honcho).status_code == 401
         assert _answers(f"http://127.0.0.1:{web_port}/", 30, honcho).status_code == 200
         status = json.loads(run("magpie", "status", "--json"))

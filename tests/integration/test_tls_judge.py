@@ -142,7 +142,9 @@ def test_magpie_check_uses_the_ca_bundle_option_or_setting(settings, https_judge
     try:
         res = runner.invoke(main, args + ["--ca-bundle", pki["ca"]])
         assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)["results"][0]["alive"] is True
+        first = json.loads(res.stdout)["results"][0]
+        assert first["alive"] is True, first
+        assert first["connect_ms"] is not None and first["handshake_ms"] is not None, first
         res = runner.invoke(main, args)
         assert res.exit_code == 1 and "does not answer" in res.output
         monkeypatch.setenv("MAGPIE_JUDGE_CA_BUNDLE", pki["ca"])
@@ -190,7 +192,7 @@ def test_a_slow_proxy_is_alive_through_an_https_judge_too_its_handshake_counts_a
     assert asyncio.run(plain.check(route)).handshake_ms is None  # an absolute-URI GET has no handshake
     tight = CheckEngine(https_judge, timeout=0.6, attempts=1, connect_timeout=0.3, ssl_context=ctx)
     cut = asyncio.run(tight.check(route))
-    assert (cut.alive, cut.error, cut.handshake_ms) == (False, "ReadTimeout", None), cut  # cut at the deadline
+    assert (cut.alive, cut.error, cut.handshake_ms) == (False, "ReadTimeout", None), cut  # at the deadline
     assert cut.connect_ms is not None, cut
 
 
@@ -201,5 +203,6 @@ def test_socks_and_connect_handshakes_are_timed_apart_from_the_connect(https_jud
             lab.proxy(name).route))
         assert res.alive, (name, res)
         assert res.connect_ms is not None and res.handshake_ms is not None, (name, res)
-    res = asyncio.run(CheckEngine(lab.judge_url, timeout=5.0, attempts=1).check(lab.proxy("socks4-elite").route))
+    socks4 = lab.proxy("socks4-elite").route
+    res = asyncio.run(CheckEngine(lab.judge_url, timeout=5.0, attempts=1).check(socks4))
     assert res.alive and res.connect_ms is not None and res.handshake_ms is not None, res
