@@ -1,4 +1,8 @@
-"""The Celery application. Settings come from ``celeryconfig.py`` when importable, else the same builder."""
+"""The Celery application. Settings come from ``celeryconfig.py`` when importable, else the same builder.
+
+Importing it also hands Flower the package's ``flowerconfig.py`` when the working directory has none
+(:func:`magpie.flower.use_packaged_config`), so ``celery -A magpie flower`` never runs without a login.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,10 @@ from celery import Celery
 
 from magpie import celery_config, worker  # noqa: F401 (worker connects the Celery signal hooks)
 from magpie.errors import MagpieError
+from magpie.flower import use_packaged_config
 
 app = Celery("magpie", include=["magpie.tasks"])
+use_packaged_config()  # `celery -A magpie flower` without a flowerconfig.py: the package's defaults
 try:
     try:
         import celeryconfig  # noqa: F401

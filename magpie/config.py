@@ -179,8 +179,8 @@ class Settings(BaseSettings):
     """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer; at most
     10 minutes)."""
     connect_timeout_s: float | None = Field(None, alias="MAGPIE_CONNECT_TIMEOUT", gt=0, le=600)
-    """Seconds for the TCP connect plus the proxy handshake of one attempt (default: half of
-    ``MAGPIE_CHECK_TIMEOUT``; never more than it)."""
+    """Seconds for name resolution and the TCP connect to the proxy in one attempt (default: half of
+    ``MAGPIE_CHECK_TIMEOUT``; never more than it); the proxy handshake counts against the check timeout."""
     check_attempts: int = Field(2, alias="MAGPIE_CHECK_ATTEMPTS", ge=1, le=10)
     """Attempts per check before the route counts as dead in that cycle."""
     body_cap: int = Field(2048, alias="MAGPIE_BODY_CAP", ge=0)

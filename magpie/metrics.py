@@ -24,8 +24,10 @@ reserves for the scrape target.
 
 ``magpie metrics --port N`` serves it as a standalone process; a Celery worker started with
 ``MAGPIE_METRICS_PORT`` serves the same collector from its main process (see the worker hook in
-:mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures: scrape one. The same
-server answers ``/livez`` and ``/readyz`` (:mod:`magpie.probes`).
+:mod:`magpie.worker`). Every exporter shows the same, deployment-wide figures (the counters too: they
+live in Redis); with several scraped, aggregate with ``max by`` the metric's own labels before summing, as
+``deploy/prometheus/rules.yml`` does. No family carries an ``instance`` or ``job`` label: Prometheus sets
+both on the scrape target. The same server answers ``/livez`` and ``/readyz`` (:mod:`magpie.probes`).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ class Checker:
         attempts: at most this many attempts per check (>= 1).
         body_cap: bytes of the judge's body kept in the result (>= 0).
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
-        connect_timeout: seconds for the connect and the proxy handshake (default: ``timeout``).
+        connect_timeout: seconds for the TCP connect to the proxy (default: ``timeout``); the handshake
+            counts against ``timeout``.
         egress: a :class:`magpie.egress.EgressPolicy` guarding every destination (None: no guard).
         ssl_context: TLS context for an https judge (default: the system trust store).
 

@@ -11,9 +11,11 @@ socket and one coroutine while it waits. One check is a GET of the judge through
 The proxy handshakes (CONNECT, SOCKS4, SOCKS5) come from python-socks; the judge's HTTP response is parsed
 by httptools (llhttp). No DNS lookup is made for an IP-literal proxy host.
 
-Deadlines: every attempt has a connect timeout (``connect_timeout``: TCP connect and the proxy handshake)
-and a hard total deadline (``timeout``) over the whole attempt, so a proxy that trickles bytes is cut at
-the deadline. A check therefore never outlives :attr:`CheckEngine.max_check_seconds`. A refused
+Deadlines: every attempt has a connect timeout (``connect_timeout``: name resolution and the TCP connect
+to the proxy) and a hard total deadline (``timeout``) over the whole attempt, the proxy handshake (CONNECT,
+SOCKS, TLS to an https judge) included, so a slow but working proxy is judged the same through an http and
+an https judge, and a proxy that trickles bytes is cut at the deadline. Each attempt records its connect
+and handshake times. A check therefore never outlives :attr:`CheckEngine.max_check_seconds`. A refused
 connection is final: no further attempt is made in that check. Cancelling the coroutine (a lost lease)
 stops the attempt in flight at once.
 
@@ -39,6 +41,7 @@ from urllib.parse import urlsplit
 import httptools
 from python_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError, ProxyType
 from python_socks.async_.asyncio.v2 import Proxy
+from python_socks.async_.asyncio.v2._connect import connect_tcp
 
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
@@ -68,6 +71,27 @@ class _Attempt:
     echo: dict | None = None
     latency_ms: float | None = None
     final: bool = False  # no further attempt in this check (refused connection)
+    connect_ms: float | None = None
+    handshake_ms: float | None = None
+
+
+class _Dialer:
+    """python-socks' ``forward`` hook: the TCP connect to the proxy, then ``connected()`` before the
+    handshake starts (so the two are timed, and bounded, apart)."""
+
+    __slots__ = ("connected",)
+
+    def __init__(self, connected: Callable[[], None]) -> None:
+        self.connected = connected
+
+    async def connect(self, dest_host: str, dest_port: int, **_):
+        try:
+            stream = await connect_tcp(host=dest_host, port=dest_port, loop=asyncio.get_running_loop())
+        except OSError as e:
+            raise ProxyConnectionError(e.errno, f"Couldn't connect to proxy {dest_host}:{dest_port} "
+                                                f"[{e.strerror}]") from e
+        self.connected()
+        return stream
 
 
 class _Response:
@@ -120,8 +144,8 @@ class CheckEngine:
         timeout: hard deadline in seconds over one whole attempt (connect, handshake, request, response).
         attempts: at most this many attempts per check (>= 1).
         body_cap: bytes of the judge's body kept in a result (>= 0).
-        connect_timeout: seconds for the TCP connect plus the proxy handshake (default: ``timeout``);
-            never more than ``timeout``.
+        connect_timeout: seconds for name resolution and the TCP connect to the proxy (default:
+            ``timeout``); never more than ``timeout``. The proxy handshake counts against ``timeout``.
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
         ssl_context: TLS context for an https judge (default: the system trust store; see
             :func:`magpie.checker.tls.judge_ssl_context`). An https judge logs one warning that anonymity
@@ -236,8 +260,10 @@ class CheckEngine:
             addrs = list(dict.fromkeys(info[4][0] for info in infos))
         return self.egress.allowed(addrs) if self.egress is not None else addrs
 
-    async def _open(self, route: Route) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-        """Connect through ``route`` to the judge; returns the stream and the request to send."""
+    async def _open(self, route: Route, connected: Callable[[], None]
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Connect through ``route`` to the judge; returns the stream and the request to send.
+        ``connected()`` is called once the TCP connection to the proxy stands, before any handshake."""
         host = route.host
         if not self._literals.get(host):  # the verdict on an allowed IP literal is kept per host
             if is_ip_literal(host):
@@ -253,20 +279,24 @@ class CheckEngine:
         if route.protocol in ("http", "https"):
             if not self._tls:
                 reader, writer = await asyncio.open_connection(host, route.port)
+                connected()
                 if route.username is None:
                     return reader, writer, self._absolute_request
                 req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
                 return reader, writer, req
-            proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password)
+            proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password,
+                          forward=_Dialer(connected))
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
         kind = _SOCKS_TYPES[route.protocol]
         if kind is ProxyType.SOCKS4:
             dest = await self._judge_address()
-            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False)
+            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
+                          forward=_Dialer(connected))
         else:
             dest = self._judge_host
-            proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True)
+            proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True,
+                          forward=_Dialer(connected))
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
 
@@ -303,23 +333,40 @@ class CheckEngine:
         return _Attempt(ok=True, status=200, raw=raw, echo=echo, latency_ms=elapsed_ms)
 
     async def _attempt(self, route: Route) -> _Attempt:
-        """One attempt under the connect timeout and the total deadline; never raises for network trouble."""
+        """One attempt (:meth:`_timed_attempt`) with its connect and handshake times in ms: None for a
+        phase not reached, and ``handshake_ms`` None too when there is none (plain HTTP to an http judge)."""
+        marks: list[float] = []  # perf_counter at the start, at the TCP connect, at the handshake's end
+        att = await self._timed_attempt(route, marks)
+        if len(marks) >= 2:
+            att.connect_ms = round((marks[1] - marks[0]) * 1000.0, 3)
+        if len(marks) >= 3 and (self._tls or route.protocol in _SOCKS_TYPES):
+            att.handshake_ms = round((marks[2] - marks[1]) * 1000.0, 3)
+        return att
+
+    async def _timed_attempt(self, route: Route, marks: list[float]) -> _Attempt:
+        """One attempt: the connect under the connect timeout, all of it (the handshake included) under
+        the total deadline; never raises for network trouble. Appends the phase times to ``marks``."""
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
+        marks.append(started)
         t0 = loop.time()
-        connecting = True
         writer = None
         socks = route.protocol in _SOCKS_TYPES
+        window = asyncio.timeout_at(t0 + self.connect_timeout)
+
+        def connected() -> None:
+            marks.append(time.perf_counter())
+            window.reschedule(t0 + self.timeout)
+
         try:
-            async with asyncio.timeout_at(t0 + self.connect_timeout) as window:
-                reader, writer, request = await self._open(route)
-                connecting = False
-                window.reschedule(t0 + self.timeout)
+            async with window:
+                reader, writer, request = await self._open(route, connected)
+                marks.append(time.perf_counter())
                 return await self._exchange(reader, writer, request, started)
         except EgressRefused:
             return _Attempt(ok=False, error="EgressRefused", final=True)
         except TimeoutError:
-            return _Attempt(ok=False, error="ConnectTimeout" if connecting else "ReadTimeout")
+            return _Attempt(ok=False, error="ConnectTimeout" if len(marks) < 2 else "ReadTimeout")
         except ssl.SSLError:
             return _Attempt(ok=False, error="SSLError")
         except ProxyTimeoutError:
@@ -332,7 +379,7 @@ class CheckEngine:
         except ConnectionRefusedError:
             return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=True)
         except (_NoAnswer, asyncio.IncompleteReadError, EOFError, OSError):
-            if connecting:  # the proxy hung up during its handshake (e.g. refused credentials)
+            if len(marks) < 3:  # the proxy hung up during its handshake (e.g. refused credentials)
                 return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
             return _Attempt(ok=False, error="ConnectionError")
         finally:
@@ -383,7 +430,8 @@ class CheckEngine:
         return CheckResult(
             alive=last.ok, latency_ms=last.latency_ms if last.ok else None, status=last.status, attempts=made,
             error=None if last.ok else last.error, body=self._body(last.raw, route), anonymity=anonymity,
-            judge=self.judge_url, checked_at_ms=now_ms())
+            judge=self.judge_url, checked_at_ms=now_ms(), connect_ms=last.connect_ms,
+            handshake_ms=last.handshake_ms)
 
     # -- the judge itself ---------------------------------------------------------------------------
     async def _direct(self) -> tuple[_Attempt, str | None]:

@@ -5,9 +5,9 @@ written).
 
 Error classes in :attr:`CheckResult.error`:
 
-- ``ConnectTimeout``: no connection to the proxy (or no finished proxy handshake) within the connect timeout;
-- ``ReadTimeout``: connected, but no complete answer before the attempt's deadline (a tarpit or a
-  trickling proxy);
+- ``ConnectTimeout``: no TCP connection to the proxy within the connect timeout;
+- ``ReadTimeout``: connected, but no finished proxy handshake or no complete answer before the attempt's
+  deadline (a tarpit or a trickling proxy);
 - ``ProxyError``: the HTTP proxy could not be reached, refused the connection or the request (e.g. CONNECT
   failed);
 - ``SOCKSError``: the SOCKS proxy could not be reached, refused the connection, the credentials or the
@@ -66,6 +66,11 @@ class CheckResult:
             ``"<workspace id>:<1|0>,..."`` (None: the result counts for every owner).
         judge_fault: True when the judge (not the route) failed and no other judge could take the check:
             the check pool retries the route instead of recording the result.
+        connect_ms: milliseconds of the last attempt's TCP connect to the proxy (name resolution
+            included); None when it did not connect.
+        handshake_ms: milliseconds of the last attempt's proxy handshake (CONNECT or SOCKS, and TLS to an
+            https judge) after the connect; None when it had none (plain HTTP to an http judge) or did
+            not finish it.
     """
 
     alive: bool
@@ -79,6 +84,8 @@ class CheckResult:
     checked_at_ms: int
     owners: str | None = None
     judge_fault: bool = False
+    connect_ms: float | None = None
+    handshake_ms: float | None = None
 
 
 def proxy_url(route: Route) -> str:

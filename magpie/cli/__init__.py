@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import click
 
 from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
-from magpie.cli import blacklists, instances, judges, rotators, stats, web
+from magpie.cli import blacklists, init, instances, judges, rotators, stats, web
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
 from magpie.errors import MagpieError, RefusedError, storage_error
@@ -95,7 +95,7 @@ def main() -> None:
 
 
 for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats, judges,
-                blacklists, instances, rotators, web):
+                blacklists, instances, rotators, web, init):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command

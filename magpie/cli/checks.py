@@ -98,7 +98,8 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
     for route, res in zip(parsed.routes, results):
         rows.append({"route": route.display(), "protocol": route.protocol, "alive": res.alive,
                      "latency_ms": res.latency_ms, "status": res.status, "attempts": res.attempts,
-                     "error": res.error, "anonymity": res.anonymity})
+                     "error": res.error, "anonymity": res.anonymity, "connect_ms": res.connect_ms,
+                     "handshake_ms": res.handshake_ms})
     if as_json:
         invalid = [{"line": x.line, "reason": x.reason} for x in parsed.invalid]
         echo_json({"results": rows, "invalid": invalid})

@@ -2,12 +2,16 @@
 
 :func:`cache_families` reads every live process's cache record (:mod:`magpie.judges.cache`) from Redis:
 
-* ``magpie_config_cache_revision{instance}`` / ``magpie_config_cache_revision_lag{instance}``: the
+* ``magpie_config_cache_revision{process}`` / ``magpie_config_cache_revision_lag{process}``: the
   check-config revision a process holds and how far it is behind the persisted one;
-* ``magpie_config_cache_sync_age_seconds{instance}``: seconds since its last successful reconcile;
+* ``magpie_config_cache_sync_age_seconds{process}``: seconds since its last successful reconcile;
 * ``magpie_cache_hits_total`` / ``magpie_cache_misses_total`` / ``magpie_cache_evictions_total`` /
-  ``magpie_cache_size`` / ``magpie_cache_max_size`` ``{instance, cache}`` for the ``dns`` and ``plans``
-  caches; ``magpie_judge_failovers_total{instance}``.
+  ``magpie_cache_size`` / ``magpie_cache_max_size`` ``{process, cache}`` for the ``dns`` and ``plans``
+  caches; ``magpie_judge_failovers_total{process}``.
+
+The ``process`` label names the check process (``<host>-<pid>-<id>``); it is not ``instance``, which
+Prometheus sets to the scrape target. Every exporter shows every process's record: aggregate with
+``max by (process, ...)`` before summing.
 
 :func:`judge_families` reads the ``judges`` table: ``magpie_judge_healthy{judge, pool}`` (1 or 0).
 """
@@ -23,20 +27,21 @@ from magpie.judges.cache import read_cache_records
 def cache_families(redis, prefix: str):
     """The families of the module doc built from the live cache records. Raises ``redis.RedisError``."""
     rev = GaugeMetricFamily("magpie_config_cache_revision", "Check-config revision a process holds",
-                            labels=["instance"])
+                            labels=["process"])
     lag = GaugeMetricFamily("magpie_config_cache_revision_lag",
-                            "Persisted check-config revision minus the one a process holds", labels=["instance"])
+                            "Persisted check-config revision minus the one a process holds",
+                            labels=["process"])
     age = GaugeMetricFamily("magpie_config_cache_sync_age_seconds",
                             "Seconds since a process last compared its cache with the persisted revision",
-                            labels=["instance"])
-    fams = {name: cls(f"magpie_cache_{name}", text, labels=["instance", "cache"]) for name, cls, text in (
+                            labels=["process"])
+    fams = {name: cls(f"magpie_cache_{name}", text, labels=["process", "cache"]) for name, cls, text in (
         ("hits", CounterMetricFamily, "Lookups answered by a process's cache"),
         ("misses", CounterMetricFamily, "Lookups a process's cache could not answer"),
         ("evictions", CounterMetricFamily, "Entries pushed out of a process's cache by its size bound"),
         ("size", GaugeMetricFamily, "Entries in a process's cache"),
         ("max_size", GaugeMetricFamily, "Size bound of a process's cache"))}
     failovers = CounterMetricFamily("magpie_judge_failovers", "Checks retried through another judge",
-                                    labels=["instance"])
+                                    labels=["process"])
     for rec in read_cache_records(redis, prefix):
         inst = str(rec.get("instance"))
         rev.add_metric([inst], float(rec.get("revision") or 0))

@@ -450,10 +450,10 @@ def test_exporter_families_show_cache_lag_and_judge_health(db, settings, redis_c
     try:
         cache._write_record()
         fams = {f.name: f for f in cache_families(redis_client, settings.redis_prefix)}
-        lag = [s for s in fams["magpie_config_cache_revision_lag"].samples if s.labels["instance"] == cache.instance]
+        lag = [s for s in fams["magpie_config_cache_revision_lag"].samples if s.labels["process"] == cache.instance]
         assert lag and lag[0].value == 0
         sizes = {s.labels["cache"] for s in fams["magpie_cache_max_size"].samples
-                 if s.labels["instance"] == cache.instance}
+                 if s.labels["process"] == cache.instance}
         assert sizes == {"dns", "plans"}
         with db.connect() as conn:
             (healthy,) = list(judge_families(conn))

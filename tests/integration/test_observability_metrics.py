@@ -241,6 +241,8 @@ def test_every_rule_uses_exported_metrics_and_labels(full_export):
                    "magpie_checks_total"):
         assert needed in text, f"no alert on {needed}"
     assert ("magpie_deployment_created_timestamp_seconds", ()) in samples
+    clash = {name for name, labels in exported.items() if labels & {"instance", "job"}}
+    assert not clash, f"labels Prometheus sets on every scrape target: {clash}"
 
 
 def test_every_dashboard_query_uses_exported_metrics_and_labels(full_export):

@@ -142,7 +142,9 @@ def test_magpie_check_uses_the_ca_bundle_option_or_setting(settings, https_judge
     try:
         res = runner.invoke(main, args + ["--ca-bundle", pki["ca"]])
         assert res.exit_code == 0, res.output
-        assert json.loads(res.stdout)["results"][0]["alive"] is True
+        first = json.loads(res.stdout)["results"][0]
+        assert first["alive"] is True, first
+        assert first["connect_ms"] is not None and first["handshake_ms"] is not None, first
         res = runner.invoke(main, args)
         assert res.exit_code == 1 and "does not answer" in res.output
         monkeypatch.setenv("MAGPIE_JUDGE_CA_BUNDLE", pki["ca"])
@@ -167,3 +169,40 @@ def test_ca_bundle_setting_is_validated_and_health_notes_https_judges(pki, tmp_p
     assert "anonymity grading" in note and "MAGPIE_JUDGE_CA_BUNDLE" in note
     with pytest.raises(ConfigError):
         judge_probe(load_settings(judge_url="https://127.0.0.1:8443/", judge_ca_bundle=str(junk)))
+
+
+@pytest.fixture(scope="module")
+def slow_lab():
+    lab = start_free_lab(slow_delay=1.2)  # the slow proxy waits 1.2 s before dialing out (CONNECT too)
+    yield lab
+    lab.stop()
+
+
+def test_a_slow_proxy_is_alive_through_an_https_judge_too_its_handshake_counts_against_the_deadline(
+        https_judge, pki, slow_lab):
+    route = slow_lab.proxy("http-slow").route
+    ctx = tls.judge_ssl_context(pki["ca"])
+    for judge, ssl_context in ((slow_lab.judge_url, None), (https_judge, ctx)):
+        engine = CheckEngine(judge, timeout=4.0, attempts=1, connect_timeout=1.0, ssl_context=ssl_context)
+        res = asyncio.run(engine.check(route))
+        assert (res.alive, res.error) == (True, None), (judge, res)
+        assert res.connect_ms is not None and res.connect_ms >= 0, res
+    assert res.handshake_ms is not None and res.handshake_ms >= 1000.0, res  # the CONNECT waited 1.2 s
+    plain = CheckEngine(slow_lab.judge_url, timeout=4.0, attempts=1, connect_timeout=1.0)
+    assert asyncio.run(plain.check(route)).handshake_ms is None  # an absolute-URI GET has no handshake
+    tight = CheckEngine(https_judge, timeout=0.6, attempts=1, connect_timeout=0.3, ssl_context=ctx)
+    cut = asyncio.run(tight.check(route))
+    assert (cut.alive, cut.error, cut.handshake_ms) == (False, "ReadTimeout", None), cut  # at the deadline
+    assert cut.connect_ms is not None, cut
+
+
+def test_socks_and_connect_handshakes_are_timed_apart_from_the_connect(https_judge, pki, lab):
+    ctx = tls.judge_ssl_context(pki["ca"])
+    for name in ("http-elite", "socks5-elite"):
+        res = asyncio.run(CheckEngine(https_judge, timeout=5.0, attempts=1, ssl_context=ctx).check(
+            lab.proxy(name).route))
+        assert res.alive, (name, res)
+        assert res.connect_ms is not None and res.handshake_ms is not None, (name, res)
+    socks4 = lab.proxy("socks4-elite").route
+    res = asyncio.run(CheckEngine(lab.judge_url, timeout=5.0, attempts=1).check(socks4))
+    assert res.alive and res.connect_ms is not None and res.handshake_ms is not None, res
