@@ -266,8 +266,8 @@ def test_run_judge_serves_on_uvloop_and_stops_on_sigterm():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-c", "from magpie.checker.judge import run_judge; run_judge('127.0.0.1', 0)"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    code = "from magpie.checker.judge import run_judge; run_judge('127.0.0.1', 0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         m = re.match(r"judge listening on (http://127\.0\.0\.1:\d+/)$", line.strip())

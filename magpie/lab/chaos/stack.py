@@ -267,7 +267,8 @@ class Stack:
         for p in self.procs:
             with contextlib.suppress(Exception):  # cleanup goes on whatever one step raises
                 p.stop(grace=5)
-        for stopper in (getattr(self.lab, "stop", None), getattr(self.judge, "stop", None), self.redis_server.stop,
+        for stopper in (getattr(self.lab, "stop", None), getattr(self.judge, "stop", None),
+                        self.redis_server.stop,
                         self.broker_server.stop if self.broker_server else None):
             if stopper:
                 with contextlib.suppress(Exception):
