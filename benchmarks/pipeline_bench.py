@@ -1,39 +1,76 @@
 """End-to-end pipeline benchmark: the Procfile's real processes on fault-lab route populations.
 
-For every population and path it starts a judge and the lab's fault servers (``magpie.lab.faults``),
-creates a fresh PostgreSQL database (migrated by the path's own ``magpie db upgrade``), imports the
-population with the path's own ``magpie import`` into a fresh Redis key prefix (broker on its own Redis
-database with its own key prefix), starts the path's Procfile processes through honcho (beat -> promote ->
-check -> complete -> stream -> PostgreSQL ingestion), waits for the first claims plus ``--warmup`` seconds,
-measures for ``--seconds``, stops everything and drops/deletes what it created. It prints a header, one
-``pipeline`` line per population and path and one ``pipeline-ratio`` line per population (engine against
-the baseline measured in the same run).
+For every population and path it starts a judge and the lab's fault servers (``magpie.lab.faults``, each
+with enough never-accepting tarpit ports for the population: ``magpie.lab.tarpit``), creates a fresh
+PostgreSQL database (migrated by the path's own ``magpie db upgrade``), imports the population with the
+path's own ``magpie import`` into a fresh Redis key prefix (broker on its own Redis database with its own
+key prefix), starts the path's Procfile processes through honcho (beat -> promote -> check -> complete ->
+stream -> PostgreSQL ingestion), waits for the first claims plus ``--warmup`` seconds, measures for
+``--seconds``, stops everything and drops/deletes what it created. It prints a header, one ``pipeline``
+line per population and path and one ``pipeline-ratio`` line per population (new/baseline for the key
+figures, both measured in the same run).
 
 Paths:
-  engine   the work tree (its Procfile: worker-promote, worker-checks, worker-jobs, beat)
-  threads  the thread-based check path of ``--baseline-ref`` (default daf0a42), extracted with
-           ``git archive`` to a temporary directory and run from there (its own Procfile, celeryconfig.py,
-           lua/ and magpie package; the same virtualenv)
+  engine    the work tree (its Procfile), run from a snapshot taken at start
+  baseline  ``--baseline-ref`` (default daf0a42, the thread-based checker; any ref with the current
+            Procfile layout, e.g. 7adb9e4), extracted with ``git archive`` to a temporary directory and
+            run from there (its own Procfile, celeryconfig.py, lua/ and magpie package; the same virtualenv)
 
-Populations: live (echo), refused, tarpit, mix (70 % tarpit, 10 % refused, 15 % echo, 5 % slow), trickle
-(one trickle route among echo routes).
+Populations: live (echo), refused, tarpit (http and socks5 alternating, spread over the tarpit ports),
+mix (70 % tarpit, 10 % refused, 15 % echo, 5 % slow: echo after 2 s), trickle (one trickle route among
+echo routes). The mix measures one interval after one interval of warm-up unless ``--seconds`` /
+``--warmup`` say otherwise.
+
+The one-node goal (1,000,000 routes of the mix on a 300 s interval; ~15 min per path, the import included)
+and its quick form (200,000 routes on 60 s; ~4 min per path)::
+
+    .venv/bin/python benchmarks/pipeline_bench.py --population mix --routes 1000000 --interval 300 \
+        --baseline-ref 7adb9e4
+    .venv/bin/python benchmarks/pipeline_bench.py --quick-mix --baseline-ref 7adb9e4
+    .venv/bin/python benchmarks/pipeline_bench.py --population mix --routes 20000 --interval 30 \
+        --seconds 30 --skip-baseline                              # a short check of the harness
 
 Figures per line (window = ``--seconds`` after warm-up):
-  checks_per_s            check_history rows added in the window / window (end to end)
+  checks_per_s / pg_rows_per_s  check_history rows added in the window / window (end to end)
+  ideal_per_s             deadline_routes / (interval + attempts * timeout) + others / interval
+                          (deadline routes: tarpit, trickle; next due = max(due, now) + interval)
+  achieved_ratio          checks_per_s / ideal_per_s
   completed_per_s         results published to the stream (metrics counters alive+dead) / window
   demand_per_s            routes / interval
+  p50/p99_lateness_s      from the check-lateness histogram delta (bucket interpolation)
+  oldest_lateness_s       max over 1 s samples of now minus the oldest claimable route's due time
+  c2s_p50_s / c2s_p99_s   claim-to-start histogram delta (``read_counters()["claim_to_start"]``);
+                          c2s_<stage>_p99_s per stage; nan for a tree without these counters
+  leases_out_min/med/max  live leases of the schedule, sampled once a second
+  in_flight_min/med/max   checks running, summed over the check processes' instance-registry reports
+                          (in_flight_source=registry; MAGPIE_INSTANCE_HEARTBEAT=2 s), else the check
+                          processes' open sockets (in_flight_source=sockets)
   peak_inflight_per_process  max over 0.5 s samples and worker-checks processes of open TCP sockets
-  lab_conns_peak          max over samples of the fault servers' open sockets (their accepted connections)
-  cpu_us_per_check        (magpie processes + Redis + PostgreSQL) CPU in the window / checks
+  peak_fds_<proc>         max over samples of the open fds of one process of that Procfile process (or
+                          lab process: judge, faults<i>)
+  lab_conns_peak          max over samples of the fault servers' open sockets (the tarpit holds none)
+  cpu_us_per_check        all in: (magpie processes + Redis + PostgreSQL) CPU in the window / checks
   cpu_us_per_check_<proc> per Procfile process (all its processes: shell, Celery main, pool children)
   redis_cpu_us_per_check  Redis ``INFO cpu`` (used_cpu_user + used_cpu_sys) delta / checks
   pg_cpu_us_per_check     every ``postgres`` process (the postmaster incl. reaped backends) / checks
-  lab_cpu_us_per_check    fault servers + judge (not part of cpu_us_per_check)
-  p50/p99_lateness_s      from the check-lateness histogram delta (bucket interpolation)
+  lab_cpu_us_per_check    fault servers + judge (not part of cpu_us_per_check); lab_cpu_util in cores,
+                          lab_cpu_share of the machine's busy time
+  pg_bytes_per_hour       check_history's size (pg_total_relation_size over its partitions) delta,
+                          extrapolated to an hour; pg_bytes_per_row, pg_table_mb at the end
+  import_s / import_routes_per_s  the path's ``magpie import`` of the population
+  tarpit_ports            tarpit listening ports over all labs
+  tarpit_reaped / tarpit_reaped_waiting  connections the labs' reapers closed in the window / of them
+                          still open at the client (a live check cut short: too few ports)
+  tarpit_peak_queue_pct   fullest tarpit accept queue seen (% of its maximum)
+  listen_overflows / listen_drops  ``/proc/net/netstat`` ListenOverflows / ListenDrops delta (the whole
+                          host: handshakes dropped at a full accept queue)
+  limited_by              none (achieved_ratio >= 0.97), lab:queues (reaped_waiting or overflows),
+                          lab:cpu (machine >= 90 % busy and the lab >= 25 % of it), other-load (machine
+                          >= 90 % busy, >= 25 % of it not this run's: unaccounted_cpu_util), else magpie
   sched_lag_s / due_end   at the window's end: now minus the oldest claimable score, claimable routes
   rss_mb_<proc>           largest RSS of one process of that Procfile process at the window's end
 
-    .venv/bin/python benchmarks/pipeline_bench.py                 # all populations, both paths (~15 min)
+    .venv/bin/python benchmarks/pipeline_bench.py                 # all populations, both paths (~20 min)
     .venv/bin/python benchmarks/pipeline_bench.py --quick         # smoke run (small, short)
     .venv/bin/python benchmarks/pipeline_bench.py --populations tarpit --skip-baseline --seconds 60
 
@@ -346,13 +383,17 @@ def ideal_rate(spec: Spec, slow_kinds: int, others: int) -> float:
 def limited_by(f: dict) -> str:
     """What the achieved/ideal ratio looks limited by: ``none`` (it keeps up), ``lab:queues`` (a tarpit
     reaper cut live clients short or the kernel dropped handshakes), ``lab:cpu`` (the machine is busy and
-    the lab has a large share of it), else ``magpie``."""
+    the lab has a large share of it), ``other-load`` (the machine is busy with work that is not this
+    run's), else ``magpie``."""
     if f.get("achieved_ratio", 0) >= KEEPS_UP:
         return "none"
     if f.get("tarpit_reaped_waiting", 0) > 0 or f.get("listen_overflows", 0) > 0:
         return "lab:queues"
-    if f.get("machine_cpu_util", 0) >= 0.90 and f.get("lab_cpu_share", 0) >= 0.25:
-        return "lab:cpu"
+    if f.get("machine_cpu_util", 0) >= 0.90:
+        if f.get("lab_cpu_share", 0) >= 0.25:
+            return "lab:cpu"
+        if f.get("unaccounted_cpu_util", 0) >= 0.25:
+            return "other-load"
     return "magpie"
 
 
