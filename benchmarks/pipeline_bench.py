@@ -1142,7 +1142,7 @@ def parse_per_pop(text: str | None, cast) -> dict[str, object]:
         if "=" in part:
             k, v = part.split("=", 1)
             if k.strip() not in POPULATIONS:
-                raise SystemExit(f"unknown population {k!r}")
+                raise ValueError(f"unknown population {k!r}")
             res[k.strip()] = cast(v)
         elif part:
             res["*"] = cast(part)
@@ -1224,46 +1224,9 @@ def ratio_line(spec: Spec, new: Result, old: Result) -> str:
         f"{k}_ratio={fmt(ratio(k))}" for k in RATIO_FIGURES)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--populations", "--population", dest="populations", default=None,
-                    help="comma-separated, of " + ",".join(POPULATIONS) + " (default: all)")
-    ap.add_argument("--routes", help="routes per population: N, or name=N,... (trickle: echo routes)")
-    ap.add_argument("--interval", help="check interval (s) per population: X, or name=X,...")
-    ap.add_argument("--seconds", type=float, help="measurement window (s) of every population")
-    ap.add_argument("--warmup", type=float, help="warm-up (s) after the first claims, every population")
-    ap.add_argument("--timeout", type=float, help="MAGPIE_CHECK_TIMEOUT of every population")
-    ap.add_argument("--attempts", type=int, help="MAGPIE_CHECK_ATTEMPTS of every population")
-    ap.add_argument("--quick", action="store_true", help="small populations and short windows (smoke run)")
-    ap.add_argument("--quick-mix", action="store_true",
-                    help="the goal's quick form: population mix, 200,000 routes, 60 s interval (one interval "
-                         "of warm-up, one measured)")
-    ap.add_argument("--skip-baseline", action="store_true", help="measure the engine path only")
-    ap.add_argument("--profiles", action="store_true",
-                    help="engine path with a two-judge pool and a check profile on the workspace")
-    ap.add_argument("--baseline-ref", default="daf0a42",
-                    help="git ref of the baseline, run from its own Procfile (default daf0a42, the thread-based "
-                         "checker); any ref with the current Procfile layout, e.g. 7adb9e4")
-    ap.add_argument("--checks-per-process", type=int, default=None,
-                    help="MAGPIE_CHECKS_PER_PROCESS of every path (default: unset, each tree's own default)")
-    ap.add_argument("--tarpit-ports", type=int, default=None,
-                    help=f"tarpit listening ports per fault lab (default: enough for the population's open "
-                         f"connections, at least {MIN_TARPIT_PORTS})")
-    ap.add_argument("--fault-labs", type=int, default=2, choices=range(1, len(LAB_HOST_BASES) + 1),
-                    help="fault-server processes; routes spread over them")
-    ap.add_argument("--redis-db", type=int, default=3, help="Redis database for schedule and broker")
-    ap.add_argument("--log-level", default="warning", help="MAGPIE_LOG_LEVEL of the Celery processes")
-    ap.add_argument("--log-dir", help="where run logs go (kept); default a new /tmp/pipeline_bench-* dir")
-    ap.add_argument("--no-snapshot", action="store_true",
-                    help="run the engine path from /work/main itself, not from a copy taken at start")
-    ap.add_argument("--engine-ref", help="run the engine path from this git ref (git archive) instead of the "
-                                         "work tree")
-    ap.add_argument("--wait-idle", type=float, default=90,
-                    help="before each run wait at most this many seconds for the machine to be < 25%% busy")
-    ap.add_argument("--snapshot-wait", type=float, default=180,
-                    help="seconds to keep retrying a work-tree snapshot that does not import")
-    args = ap.parse_args(argv)
+def specs_from_args(ap: argparse.ArgumentParser, args) -> list[Spec]:
+    """The populations' specs from the parsed flags; a bad combination or value exits through
+    ``ap.error`` (one line, exit status 2)."""
 
     if args.quick_mix and args.quick:
         ap.error("--quick and --quick-mix exclude each other")
@@ -1306,6 +1269,56 @@ def main(argv: list[str] | None = None) -> int:
         s = replace(s, warmup=s.interval if s.warmup is None else s.warmup,
                     seconds=s.interval if s.seconds is None else s.seconds)
         specs.append(s)
+    return specs
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command-line parser."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--populations", "--population", dest="populations", default=None,
+                    help="comma-separated, of " + ",".join(POPULATIONS) + " (default: all)")
+    ap.add_argument("--routes", help="routes per population: N, or name=N,... (trickle: echo routes)")
+    ap.add_argument("--interval", help="check interval (s) per population: X, or name=X,...")
+    ap.add_argument("--seconds", type=float, help="measurement window (s) of every population")
+    ap.add_argument("--warmup", type=float, help="warm-up (s) after the first claims, every population")
+    ap.add_argument("--timeout", type=float, help="MAGPIE_CHECK_TIMEOUT of every population")
+    ap.add_argument("--attempts", type=int, help="MAGPIE_CHECK_ATTEMPTS of every population")
+    ap.add_argument("--quick", action="store_true", help="small populations and short windows (smoke run)")
+    ap.add_argument("--quick-mix", action="store_true",
+                    help="the goal's quick form: population mix, 200,000 routes, 60 s interval (one interval "
+                         "of warm-up, one measured)")
+    ap.add_argument("--skip-baseline", action="store_true", help="measure the engine path only")
+    ap.add_argument("--profiles", action="store_true",
+                    help="engine path with a two-judge pool and a check profile on the workspace")
+    ap.add_argument("--baseline-ref", default="daf0a42",
+                    help="git ref of the baseline, run from its own Procfile (default daf0a42, the thread-based "
+                         "checker); any ref with the current Procfile layout, e.g. 7adb9e4")
+    ap.add_argument("--checks-per-process", type=int, default=None,
+                    help="MAGPIE_CHECKS_PER_PROCESS of every path (default: unset, each tree's own default)")
+    ap.add_argument("--tarpit-ports", type=int, default=None,
+                    help=f"tarpit listening ports per fault lab (default: enough for the population's open "
+                         f"connections, at least {MIN_TARPIT_PORTS})")
+    ap.add_argument("--fault-labs", type=int, default=2, choices=range(1, len(LAB_HOST_BASES) + 1),
+                    help="fault-server processes; routes spread over them")
+    ap.add_argument("--redis-db", type=int, default=3, help="Redis database for schedule and broker")
+    ap.add_argument("--log-level", default="warning", help="MAGPIE_LOG_LEVEL of the Celery processes")
+    ap.add_argument("--log-dir", help="where run logs go (kept); default a new /tmp/pipeline_bench-* dir")
+    ap.add_argument("--no-snapshot", action="store_true",
+                    help="run the engine path from /work/main itself, not from a copy taken at start")
+    ap.add_argument("--engine-ref", help="run the engine path from this git ref (git archive) instead of the "
+                                         "work tree")
+    ap.add_argument("--wait-idle", type=float, default=90,
+                    help="before each run wait at most this many seconds for the machine to be < 25%% busy")
+    ap.add_argument("--snapshot-wait", type=float, default=180,
+                    help="seconds to keep retrying a work-tree snapshot that does not import")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = make_parser()
+    args = ap.parse_args(argv)
+    specs = specs_from_args(ap, args)
     args.log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="pipeline_bench-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
