@@ -164,13 +164,14 @@ def test_reaper_closes_the_oldest_queued_connections_first():
             _abort(s)  # these clients gave up
         time.sleep(3 * REAP_INTERVAL)
         assert lab.connections()["tarpit"] == 30 and lab.tarpit_stats()["reaped"] == 0
-        for _ in range(6):  # 36 > 85 %: reaped down to 70 % (28), oldest first
+        for _ in range(6):  # 36 > 85 % (34): reaped down to 70 % (28), oldest first
             s = socket.create_connection(addr, timeout=5)
             s.sendall(_request())
             new.append(s)
-        assert _wait_for(lambda: lab.tarpit_stats()["reaped"] == 8), lab.tarpit_stats()
+        assert _wait_for(lambda: lab.tarpit_stats()["reaped"] >= 7), lab.tarpit_stats()  # 7 if it ran at 35
         stats = lab.tarpit_stats()
-        assert (stats["queued"], stats["capacity"], stats["reaped_waiting"]) == (28, 40, 0), stats
+        assert stats["queued"] + stats["reaped"] == 36 and 28 <= stats["queued"] <= 29, stats
+        assert (stats["capacity"], stats["reaped_waiting"]) == (40, 0), stats  # only clients that gave up
         poller = select.poll()
         for s in new:
             poller.register(s, select.POLLIN)
