@@ -1,39 +1,76 @@
 """End-to-end pipeline benchmark: the Procfile's real processes on fault-lab route populations.
 
-For every population and path it starts a judge and the lab's fault servers (``magpie.lab.faults``),
-creates a fresh PostgreSQL database (migrated by the path's own ``magpie db upgrade``), imports the
-population with the path's own ``magpie import`` into a fresh Redis key prefix (broker on its own Redis
-database with its own key prefix), starts the path's Procfile processes through honcho (beat -> promote ->
-check -> complete -> stream -> PostgreSQL ingestion), waits for the first claims plus ``--warmup`` seconds,
-measures for ``--seconds``, stops everything and drops/deletes what it created. It prints a header, one
-``pipeline`` line per population and path and one ``pipeline-ratio`` line per population (engine against
-the baseline measured in the same run).
+For every population and path it starts a judge and the lab's fault servers (``magpie.lab.faults``, each
+with enough never-accepting tarpit ports for the population: ``magpie.lab.tarpit``), creates a fresh
+PostgreSQL database (migrated by the path's own ``magpie db upgrade``), imports the population with the
+path's own ``magpie import`` into a fresh Redis key prefix (broker on its own Redis database with its own
+key prefix), starts the path's Procfile processes through honcho (beat -> promote -> check -> complete ->
+stream -> PostgreSQL ingestion), waits for the first claims plus ``--warmup`` seconds, measures for
+``--seconds``, stops everything and drops/deletes what it created. It prints a header, one ``pipeline``
+line per population and path and one ``pipeline-ratio`` line per population (new/baseline for the key
+figures, both measured in the same run).
 
 Paths:
-  engine   the work tree (its Procfile: worker-promote, worker-checks, worker-jobs, beat)
-  threads  the thread-based check path of ``--baseline-ref`` (default daf0a42), extracted with
-           ``git archive`` to a temporary directory and run from there (its own Procfile, celeryconfig.py,
-           lua/ and magpie package; the same virtualenv)
+  engine    the work tree (its Procfile), run from a snapshot taken at start
+  baseline  ``--baseline-ref`` (default daf0a42, the thread-based checker; any ref with the current
+            Procfile layout, e.g. 7adb9e4), extracted with ``git archive`` to a temporary directory and
+            run from there (its own Procfile, celeryconfig.py, lua/ and magpie package; the same virtualenv)
 
-Populations: live (echo), refused, tarpit, mix (70 % tarpit, 10 % refused, 15 % echo, 5 % slow), trickle
-(one trickle route among echo routes).
+Populations: live (echo), refused, tarpit (http and socks5 alternating, spread over the tarpit ports),
+mix (70 % tarpit, 10 % refused, 15 % echo, 5 % slow: echo after 2 s), trickle (one trickle route among
+echo routes). The mix measures one interval after one interval of warm-up unless ``--seconds`` /
+``--warmup`` say otherwise.
+
+The one-node goal (1,000,000 routes of the mix on a 300 s interval; ~15 min per path, the import included)
+and its quick form (200,000 routes on 60 s; ~4 min per path)::
+
+    .venv/bin/python benchmarks/pipeline_bench.py --population mix --routes 1000000 --interval 300 \
+        --baseline-ref 7adb9e4
+    .venv/bin/python benchmarks/pipeline_bench.py --quick-mix --baseline-ref 7adb9e4
+    .venv/bin/python benchmarks/pipeline_bench.py --population mix --routes 20000 --interval 30 \
+        --seconds 30 --skip-baseline                              # a short check of the harness
 
 Figures per line (window = ``--seconds`` after warm-up):
-  checks_per_s            check_history rows added in the window / window (end to end)
+  checks_per_s / pg_rows_per_s  check_history rows added in the window / window (end to end)
+  ideal_per_s             deadline_routes / (interval + attempts * timeout) + others / interval
+                          (deadline routes: tarpit, trickle; next due = max(due, now) + interval)
+  achieved_ratio          checks_per_s / ideal_per_s
   completed_per_s         results published to the stream (metrics counters alive+dead) / window
   demand_per_s            routes / interval
+  p50/p99_lateness_s      from the check-lateness histogram delta (bucket interpolation)
+  oldest_lateness_s       max over 1 s samples of now minus the oldest claimable route's due time
+  c2s_p50_s / c2s_p99_s   claim-to-start histogram delta (``read_counters()["claim_to_start"]``);
+                          c2s_<stage>_p99_s per stage; nan for a tree without these counters
+  leases_out_min/med/max  live leases of the schedule, sampled once a second
+  in_flight_min/med/max   checks running, summed over the check processes' instance-registry reports
+                          (in_flight_source=registry; MAGPIE_INSTANCE_HEARTBEAT=2 s), else the check
+                          processes' open sockets (in_flight_source=sockets)
   peak_inflight_per_process  max over 0.5 s samples and worker-checks processes of open TCP sockets
-  lab_conns_peak          max over samples of the fault servers' open sockets (their accepted connections)
-  cpu_us_per_check        (magpie processes + Redis + PostgreSQL) CPU in the window / checks
+  peak_fds_<proc>         max over samples of the open fds of one process of that Procfile process (or
+                          lab process: judge, faults<i>)
+  lab_conns_peak          max over samples of the fault servers' open sockets (the tarpit holds none)
+  cpu_us_per_check        all in: (magpie processes + Redis + PostgreSQL) CPU in the window / checks
   cpu_us_per_check_<proc> per Procfile process (all its processes: shell, Celery main, pool children)
   redis_cpu_us_per_check  Redis ``INFO cpu`` (used_cpu_user + used_cpu_sys) delta / checks
   pg_cpu_us_per_check     every ``postgres`` process (the postmaster incl. reaped backends) / checks
-  lab_cpu_us_per_check    fault servers + judge (not part of cpu_us_per_check)
-  p50/p99_lateness_s      from the check-lateness histogram delta (bucket interpolation)
+  lab_cpu_us_per_check    fault servers + judge (not part of cpu_us_per_check); lab_cpu_util in cores,
+                          lab_cpu_share of the machine's busy time
+  pg_bytes_per_hour       check_history's size (pg_total_relation_size over its partitions) delta,
+                          extrapolated to an hour; pg_bytes_per_row, pg_table_mb at the end
+  import_s / import_routes_per_s  the path's ``magpie import`` of the population
+  tarpit_ports            tarpit listening ports over all labs
+  tarpit_reaped / tarpit_reaped_waiting  connections the labs' reapers closed in the window / of them
+                          still open at the client (a live check cut short: too few ports)
+  tarpit_peak_queue_pct   fullest tarpit accept queue seen (% of its maximum)
+  listen_overflows / listen_drops  ``/proc/net/netstat`` ListenOverflows / ListenDrops delta (the whole
+                          host: handshakes dropped at a full accept queue)
+  limited_by              none (achieved_ratio >= 0.97), lab:queues (reaped_waiting or overflows),
+                          lab:cpu (machine >= 90 % busy and the lab >= 25 % of it), other-load (machine
+                          >= 90 % busy, >= 25 % of it not this run's: unaccounted_cpu_util), else magpie
   sched_lag_s / due_end   at the window's end: now minus the oldest claimable score, claimable routes
   rss_mb_<proc>           largest RSS of one process of that Procfile process at the window's end
 
-    .venv/bin/python benchmarks/pipeline_bench.py                 # all populations, both paths (~15 min)
+    .venv/bin/python benchmarks/pipeline_bench.py                 # all populations, both paths (~20 min)
     .venv/bin/python benchmarks/pipeline_bench.py --quick         # smoke run (small, short)
     .venv/bin/python benchmarks/pipeline_bench.py --populations tarpit --skip-baseline --seconds 60
 
@@ -75,21 +112,27 @@ PG_BASE = os.environ.get("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@
 BENCH_KEY = "pipeline-bench-key-0123456789abcdef"
 WORKSPACE = "bench"
 SAMPLE_S = 0.5
+INSTANCE_HEARTBEAT_S = 2.0
+INSTANCE_TTL_S = 30.0  # MAGPIE_INSTANCE_TTL's default: check-process reports older than this are stale
 START_DEADLINE_S = 90.0
 MIX_SHARES = {"tarpit": 0.70, "refused": 0.10, "echo": 0.15, "slow": 0.05}
+TARPIT_PROTOCOLS = ("http", "socks5")  # tarpit routes alternate between them
 POPULATIONS = ("live", "refused", "tarpit", "mix", "trickle")
 LAB_HOST_BASES = ("127.0.0.20", "127.0.0.40", "127.0.0.60", "127.0.0.80")
+MIN_TARPIT_PORTS = 8  # per fault lab
+KEEPS_UP = 0.97  # achieved/ideal at or above which the node keeps up
 
 
 @dataclass
 class Spec:
-    """One population's settings. ``routes`` for trickle counts the echo routes (plus one trickle)."""
+    """One population's settings. ``routes`` for trickle counts the echo routes (plus one trickle);
+    ``warmup``/``seconds`` None: one interval."""
 
     name: str
     routes: int
     interval: float
-    warmup: float
-    seconds: float
+    warmup: float | None
+    seconds: float | None
     timeout: float = 10.0
     attempts: int = 2
 
@@ -98,9 +141,10 @@ DEFAULT_SPECS = {
     "live": Spec("live", 20_000, 5.0, 10, 30),
     "refused": Spec("refused", 20_000, 5.0, 10, 30),
     "tarpit": Spec("tarpit", 30_000, 5.0, 30, 30),
-    "mix": Spec("mix", 30_000, 120.0, 30, 30),
+    "mix": Spec("mix", 30_000, 120.0, None, None),
     "trickle": Spec("trickle", 1_000, 5.0, 10, 50),
 }
+QUICK_MIX = Spec("mix", 200_000, 60.0, None, None)  # --quick-mix
 QUICK_SPECS = {
     "live": Spec("live", 2_000, 0.5, 4, 8),
     "refused": Spec("refused", 2_000, 0.5, 4, 8),
@@ -273,6 +317,97 @@ class SocketCounter:
         return max(0, n - self.non_sockets[pid])
 
 
+def fd_count(pid: int) -> int:
+    """Open fds of ``pid``: ``stat(/proc/PID/fd).st_size`` (Linux >= 6.2), else the directory's length."""
+    try:
+        n = os.stat(f"/proc/{pid}/fd").st_size
+        return n if n > 0 else len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def listen_counters() -> dict[str, int]:
+    """``ListenOverflows`` and ``ListenDrops`` of ``/proc/net/netstat`` (the whole network namespace:
+    handshakes dropped because an accept queue was full)."""
+    try:
+        lines = [ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines() if ln.startswith("TcpExt:")]
+        row = dict(zip(lines[0][1:], map(int, lines[1][1:])))
+    except (OSError, IndexError, ValueError):
+        return {}
+    return {k: row.get(k, 0) for k in ("ListenOverflows", "ListenDrops")}
+
+
+def pg_table_bytes(conn, table: str = "check_history") -> int:
+    """``pg_total_relation_size`` of ``table`` summed over its partitions (0 when it does not exist)."""
+    return int(conn.execute(sa.text(
+        "SELECT coalesce(sum(pg_total_relation_size(relid)), 0) FROM pg_partition_tree(to_regclass(:t))"),
+        {"t": table}).scalar_one() or 0)
+
+
+def checks_in_flight(reg, ttl_s: float) -> int | None:
+    """Checks running now, summed over the live workers consuming ``checks`` (their check processes'
+    reports in the instance registry); None when no worker reports any (e.g. an older tree)."""
+    total, found = 0, False
+    for rec in reg.list_live("worker"):
+        if "checks" not in (rec.get("queues") or ()):
+            continue
+        running, _slots, procs = reg.checks_of(rec["id"], ttl_s)
+        if procs:
+            found = True
+            total += running
+    return total if found else None
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def spread(values: list[float]) -> tuple[float, float, float]:
+    """(min, median, max) of ``values`` (nan when empty)."""
+    if not values:
+        return (float("nan"),) * 3
+    v = sorted(values)
+    return v[0], v[len(v) // 2], v[-1]
+
+
+def ideal_rate(spec: Spec, slow_kinds: int, others: int) -> float:
+    """Checks/s a node that keeps up achieves: ``slow_kinds / (interval + attempts * timeout) + others /
+    interval`` (a route whose check takes the whole deadline comes due again only ``interval`` after it
+    ended: next due = max(due, now) + interval)."""
+    return slow_kinds / (spec.interval + spec.attempts * spec.timeout) + others / spec.interval
+
+
+def limited_by(f: dict) -> str:
+    """What the achieved/ideal ratio looks limited by: ``none`` (it keeps up), ``lab:queues`` (a tarpit
+    reaper cut live clients short or the kernel dropped handshakes), ``lab:cpu`` (the machine is busy and
+    the lab has a large share of it), ``other-load`` (the machine is busy with work that is not this
+    run's), else ``magpie``."""
+    if f.get("achieved_ratio", 0) >= KEEPS_UP:
+        return "none"
+    if f.get("tarpit_reaped_waiting", 0) > 0 or f.get("listen_overflows", 0) > 0:
+        return "lab:queues"
+    if f.get("machine_cpu_util", 0) >= 0.90:
+        if f.get("lab_cpu_share", 0) >= 0.25:
+            return "lab:cpu"
+        if f.get("unaccounted_cpu_util", 0) >= 0.25:
+            return "other-load"
+    return "magpie"
+
+
+def tarpit_ports_per_lab(spec: Spec, tarpits: int, n_labs: int) -> int:
+    """Listening ports per fault lab for ``tarpits`` tarpit routes: the connections open at the ideal
+    rate (``tarpits * attempts * timeout / (interval + attempts * timeout)``) must fit in 70 % of the
+    accept queues (the reaper's low mark), so a reaped connection's client gave up long ago."""
+    from magpie.lab.tarpit import REAP_LOW, somaxconn
+
+    deadline = spec.attempts * spec.timeout
+    open_conns = tarpits * deadline / (spec.interval + deadline)
+    return max(MIN_TARPIT_PORTS, math.ceil(open_conns / (REAP_LOW * somaxconn()) / max(1, n_labs)))
+
+
 _PG_PROCS: dict[int, psutil.Process] = {}
 
 
@@ -372,7 +507,7 @@ def fmt(v) -> str:
 
 def build_lines(spec: Spec, labs: list[dict]) -> tuple[list[str], dict]:
     """The proxy-list lines of ``spec`` spread round-robin over the fault labs, and extras (trickle route)."""
-    from magpie.lab.faults import mix_lines, population_lines
+    from magpie.lab.faults import mix_lines, population_lines, spread_lines
 
     n_labs = len(labs)
 
@@ -386,11 +521,15 @@ def build_lines(spec: Spec, labs: list[dict]) -> tuple[list[str], dict]:
         return res
 
     extras: dict = {}
-    if spec.name in ("live", "refused", "tarpit"):
+    if spec.name in ("live", "refused"):
         kind = {"live": "echo"}.get(spec.name, spec.name)
         lines = interleave([population_lines(lab[kind], n) for lab, n in zip(labs, split(spec.routes))])
+    elif spec.name == "tarpit":
+        lines = interleave([spread_lines(lab.get("tarpits") or [lab["tarpit"]], n, TARPIT_PROTOCOLS)
+                            for lab, n in zip(labs, split(spec.routes))])
     elif spec.name == "mix":
-        lines = interleave([[line for _, line in mix_lines(lab, n, MIX_SHARES)]
+        lines = interleave([[line for _, line in mix_lines({**lab, "tarpit": lab.get("tarpits") or lab["tarpit"]}, n,
+                                                           MIX_SHARES, protocols={"tarpit": TARPIT_PROTOCOLS})]
                             for lab, n in zip(labs, split(spec.routes))])
     elif spec.name == "trickle":
         lines = interleave([population_lines(lab["echo"], n) for lab, n in zip(labs, split(spec.routes))])
@@ -404,7 +543,13 @@ def build_lines(spec: Spec, labs: list[dict]) -> tuple[list[str], dict]:
 
 
 def host_kinds(labs: list[dict]) -> dict[str, str]:
-    return {addr.rsplit(":", 1)[0]: kind for lab in labs for kind, addr in lab.items() if kind != "pid"}
+    return {addr.rsplit(":", 1)[0]: kind for lab in labs for kind, addr in lab.items()
+            if kind not in ("pid", "tarpits")}
+
+
+def count_deadline_routes(lines: list[str], kinds: dict[str, str]) -> int:
+    """Routes whose check takes the whole deadline (tarpit and trickle hosts)."""
+    return sum(1 for ln in lines if kinds.get(ln.rsplit("@", 1)[-1].rsplit(":", 1)[0]) in ("tarpit", "trickle"))
 
 
 # -- one run ----------------------------------------------------------------------------------------------
@@ -412,7 +557,7 @@ def host_kinds(labs: list[dict]) -> dict[str, str]:
 
 @dataclass
 class Tree:
-    path_name: str  # engine | threads
+    path_name: str  # engine | baseline
     root: Path
     ref: str
 
@@ -542,9 +687,10 @@ class Run:
             "MAGPIE_RENEW_BELOW_SECONDS": f"{min(120.0, lease / 2):g}",
             "MAGPIE_BEAT_SCHEDULE_FILE": str(self.dir / "celerybeat-schedule"),
             "MAGPIE_LOG_LEVEL": self.args.log_level,
+            "MAGPIE_INSTANCE_HEARTBEAT": f"{INSTANCE_HEARTBEAT_S:g}",  # check figures every 2 s
             "PYTHONUNBUFFERED": "1",
         })
-        if self.tree.path_name == "engine":
+        if self.args.checks_per_process:
             env["MAGPIE_CHECKS_PER_PROCESS"] = str(self.args.checks_per_process)
         return env
 
@@ -606,24 +752,35 @@ class Run:
             raise RuntimeError("judge printed no URL")
         judge_url = m.group(1)
         judge_port = int(judge_url.rstrip("/").rsplit(":", 1)[1])
+        from magpie.lab.faults import mix_counts
+
+        tarpits = {"tarpit": s.routes, "mix": mix_counts(s.routes, MIX_SHARES)["tarpit"]}.get(s.name, 0)
+        ports = args.tarpit_ports or tarpit_ports_per_lab(s, tarpits, args.fault_labs)
+        self.stats_files = [self.dir / f"faults{i}-stats.json" for i in range(args.fault_labs)]
         for i in range(args.fault_labs):
             c = Child(f"faults{i}", [PY, "-m", "magpie.lab.faults", "--host-base", LAB_HOST_BASES[i],
-                                     "--judge-host", "127.0.0.1", "--judge-port", str(judge_port)],
+                                     "--judge-host", "127.0.0.1", "--judge-port", str(judge_port),
+                                     "--tarpit-ports", str(ports), "--stats-file", str(self.stats_files[i])],
                       cwd=LAB_ROOT, env={**os.environ, "PYTHONPATH": str(LAB_ROOT)}, log=lab_log,
                       stdout_pipe=True, preexec=_raise_nofile)
             self.children.append(c)
             self.labs.append(json.loads(c.first_line(20)))
+        self.tarpit_ports = ports
         lines, extras = build_lines(s, self.labs)
         kinds = host_kinds(self.labs)
+        deadline_routes = count_deadline_routes(lines, kinds)
         list_file = self.dir / "routes.txt"
         list_file.write_text("\n".join(lines) + "\n")
         env = self.env(judge_url)
-        t = time.monotonic()
         self.magpie_cli(env, "db", "upgrade")
-        rep = json.loads(self.magpie_cli(env, "import", str(list_file), "--workspace", WORKSPACE, "--json"))
+        t = time.monotonic()
+        rep = json.loads(self.magpie_cli(env, "import", str(list_file), "--workspace", WORKSPACE, "--json",
+                                         timeout=3600))
+        import_s = time.monotonic() - t
         if rep.get("invalid") or rep.get("imported") != len(lines):
             raise RuntimeError(f"import stored {rep.get('imported')} of {len(lines)} routes: {rep.get('invalid')[:3]}")
-        say(f"  db {self.db} migrated, {len(lines)} routes imported in {time.monotonic() - t:.1f}s")
+        say(f"  db {self.db} migrated, {len(lines)} routes imported in {import_s:.1f}s "
+            f"({len(lines) / max(import_s, 1e-9):.0f} routes/s); {ports} tarpit ports per fault lab")
         if args.profiles and self.tree.path_name == "engine":  # a two-judge pool and a workspace profile
             for url in (judge_url, judge_url + "?pool=2"):
                 self.magpie_cli(env, "judges", "add", url)
@@ -667,14 +824,26 @@ class Run:
         redis0 = redis_cpu(self.r)
         busy0, total0, irq0 = machine_busy()
         c0 = read_counters(self.r, self.prefix)
+        listen0 = listen_counters()
+        lab0 = [read_json(f) or {} for f in self.stats_files]
         with self.pg_engine.connect() as conn:
             max_id0 = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM check_history")).scalar_one()
+            pg_bytes0 = pg_table_bytes(conn)
+        from magpie.instances import InstanceRegistry
+
+        reg = InstanceRegistry(self.r, self.prefix)
         t0 = time.monotonic()
         peak_sock, peak_lab = 0, 0
         sum_sock = sum_leased = n_samples = 0
+        leases_s: list[int] = []
+        flight_s: list[int] = []  # registry figures (None samples left out)
+        sock_flight_s: list[int] = []  # open sockets of the check processes
+        oldest_lateness = 0.0
+        peak_queue_pct = 0
+        peak_fds: dict[str, int] = {}
         trace = open(self.dir / "samples.csv", "w")
         self.files.append(trace)
-        trace.write("t_s,check_process_sockets,live_leases,lab_sockets\n")
+        trace.write("t_s,check_process_sockets,live_leases,in_flight,oldest_due_s,lab_sockets\n")
         next_t = t0
         n_pg_refresh = 0
         while True:
@@ -697,6 +866,10 @@ class Run:
                     top = max(top, n)
                     if n > 8:
                         per_proc.append(n)
+            for pid, (_p, g) in groups.items():
+                peak_fds[g] = max(peak_fds.get(g, 0), fd_count(pid))
+            for c in self.children:
+                peak_fds[c.name] = max(peak_fds.get(c.name, 0), fd_count(c.ps.pid))
             peak_sock = max(peak_sock, top)
             sum_sock += top
             leased = self.r.zcount(keys.leased, f"({int(time.time() * 1000)}", "+inf")
@@ -704,7 +877,22 @@ class Run:
             n_samples += 1
             lab_n = sum(socks.count(c.ps.pid) for c in self.children if c.name != "judge")
             peak_lab = max(peak_lab, lab_n)
-            trace.write(f"{now - t0:.2f},{'/'.join(map(str, sorted(per_proc)))},{leased},{lab_n}\n")
+            in_flight, oldest = "", ""
+            if n_samples % 2 == 1:  # once a second: registry, oldest due route, lab queues
+                leases_s.append(leased)
+                sock_flight_s.append(sum(per_proc))
+                fl = checks_in_flight(reg, INSTANCE_TTL_S)
+                if fl is not None:
+                    flight_s.append(fl)
+                    in_flight = str(fl)
+                lag = self._oldest_due_s(keys)
+                oldest_lateness = max(oldest_lateness, lag)
+                oldest = f"{lag:.1f}"
+                for f in self.stats_files:
+                    peak_queue_pct = max(peak_queue_pct, ((read_json(f) or {}).get("tarpit") or {})
+                                         .get("peak_queued_share_pct", 0))
+            trace.write(f"{now - t0:.2f},{'/'.join(map(str, sorted(per_proc)))},{leased},{in_flight},{oldest},"
+                        f"{lab_n}\n")
             next_t += SAMPLE_S
             time.sleep(max(0.0, min(next_t, t0 + s.seconds) - time.monotonic()))
         # window end
@@ -716,7 +904,11 @@ class Run:
         c1 = read_counters(self.r, self.prefix)
         window = time.monotonic() - t0
         me_cpu1 = _cpu(me)
+        listen1 = listen_counters()
+        time.sleep(1.1)  # the labs rewrite their stats every second
+        lab1 = [read_json(f) or {} for f in self.stats_files]
         with self.pg_engine.connect() as conn:
+            pg_bytes1 = pg_table_bytes(conn)
             rows = conn.execute(sa.text(
                 "SELECT r.host, count(*), count(*) FILTER (WHERE h.alive) FROM check_history h "
                 "JOIN routes r ON r.id = h.route_id WHERE h.id > :m GROUP BY r.host"), {"m": max_id0}).all()
@@ -749,6 +941,7 @@ class Run:
                 pass
 
         checks = sum(n for _, n, _ in rows)
+        f_ideal = ideal_rate(s, deadline_routes, len(lines) - deadline_routes)
         alive = sum(a for _, _, a in rows)
         by_kind: dict[str, int] = {}
         for host, n, _ in rows:
@@ -760,7 +953,9 @@ class Run:
         cpu_g = cpu.by_group()
         f: dict = {
             "routes": len(lines), "interval_s": s.interval, "checks_per_s": checks / window,
-            "demand_per_s": len(lines) / s.interval, "completed_per_s": (done1 - done0) / window,
+            "demand_per_s": len(lines) / s.interval, "ideal_per_s": f_ideal,
+            "achieved_ratio": checks / window / f_ideal if f_ideal else float("nan"),
+            "completed_per_s": (done1 - done0) / window,
             "alive_per_s": alive / window, "peak_inflight_per_process": peak_sock,
             "mean_inflight_per_process": sum_sock / max(1, n_samples), "mean_live_leases": sum_leased / max(1, n_samples),
             "lab_conns_peak": peak_lab,
@@ -786,6 +981,36 @@ class Run:
         f["waited_idle_s"] = self.waited_idle
         f["p50_lateness_s"] = quantile(c0["lateness"]["buckets"], c1["lateness"]["buckets"], 0.50)
         f["p99_lateness_s"] = quantile(c0["lateness"]["buckets"], c1["lateness"]["buckets"], 0.99)
+        f["oldest_lateness_s"] = max(oldest_lateness, sched_lag)
+        c2s0, c2s1 = c0.get("claim_to_start"), c1.get("claim_to_start")
+        for q in (0.50, 0.99):
+            f[f"c2s_p{int(q * 100)}_s"] = quantile(c2s0["buckets"], c2s1["buckets"], q) if c2s1 else float("nan")
+        for stage, h1 in (c1.get("start_stages") or {}).items():
+            f[f"c2s_{stage}_p99_s"] = quantile(c0["start_stages"][stage]["buckets"], h1["buckets"], 0.99)
+        for name, vals in (("leases_out", leases_s), ("in_flight", flight_s or sock_flight_s)):
+            lo, med, hi = spread(vals)
+            f[f"{name}_min"], f[f"{name}_med"], f[f"{name}_max"] = lo, med, hi
+        f["in_flight_source"] = "registry" if flight_s else "sockets"
+        f["in_flight_samples"] = len(flight_s or sock_flight_s)
+        for name in [*self.tree.procfile_names(), *(c.name for c in self.children)]:
+            f[f"peak_fds_{name.replace('-', '_')}"] = peak_fds.get(name, 0)
+        f["pg_rows_per_s"] = checks / window
+        f["pg_bytes_per_hour"] = (pg_bytes1 - pg_bytes0) / window * 3600
+        f["pg_bytes_per_row"] = (pg_bytes1 - pg_bytes0) / checks if checks else float("nan")
+        f["pg_table_mb"] = pg_bytes1 / 2**20
+        f["import_s"] = import_s
+        f["import_routes_per_s"] = len(lines) / max(import_s, 1e-9)
+        f["tarpit_ports"] = self.tarpit_ports * len(self.labs)
+        for k in ("reaped", "reaped_waiting"):
+            f[f"tarpit_{k}"] = sum((b.get("tarpit") or {}).get(k, 0) - (a.get("tarpit") or {}).get(k, 0)
+                                   for a, b in zip(lab0, lab1))
+        f["tarpit_peak_queue_pct"] = peak_queue_pct
+        for k in ("ListenOverflows", "ListenDrops"):
+            f[f"listen_{k[6:].lower()}"] = listen1.get(k, 0) - listen0.get(k, 0)
+        f["lab_cpu_util"] = cpu_g.get("lab", 0.0) / window  # cores
+        busy = busy1 - busy0
+        f["lab_cpu_share"] = cpu_g.get("lab", 0.0) / busy if busy > 0 else float("nan")
+        f["limited_by"] = limited_by(f)
         f["sched_lag_s"] = sched_lag
         f["due_end"] = due_end
         f["backlog_end"] = done1 - pg_total
@@ -810,6 +1035,16 @@ class Run:
             f["trickle_check_s_est"] = f["trickle_mean_gap_s"] - s.interval if gaps else float("nan")
             f["deadline_s"] = s.attempts * s.timeout
         return Result(f)
+
+    def _oldest_due_s(self, keys) -> float:
+        """Seconds the oldest claimable route is overdue now (0 when none is due)."""
+        now_s, now_us = self.r.time()
+        now_ms = now_s * 1000 + now_us / 1000
+        pipe = self.r.pipeline(transaction=False)
+        for sh in keys.all_shards():
+            pipe.zrangebyscore(sh, "-inf", now_ms, start=0, num=1, withscores=True)
+        oldest = [x[0][1] for x in pipe.execute() if x]
+        return (now_ms - min(oldest)) / 1000 if oldest else 0.0
 
     def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -907,7 +1142,7 @@ def parse_per_pop(text: str | None, cast) -> dict[str, object]:
         if "=" in part:
             k, v = part.split("=", 1)
             if k.strip() not in POPULATIONS:
-                raise SystemExit(f"unknown population {k!r}")
+                raise ValueError(f"unknown population {k!r}")
             res[k.strip()] = cast(v)
         elif part:
             res["*"] = cast(part)
@@ -915,6 +1150,8 @@ def parse_per_pop(text: str | None, cast) -> dict[str, object]:
 
 
 def header(args, specs, trees) -> None:
+    from magpie.lab.faults import mix_counts
+
     cpu_model = "?"
     try:
         for ln in Path("/proc/cpuinfo").read_text().splitlines():
@@ -947,14 +1184,18 @@ def header(args, specs, trees) -> None:
     if args.profiles:
         out("# engine: --profiles: a two-judge global pool (the judge under two URLs) and a check profile on the "
             "workspace (per-owner attribution and failure streaks on)")
-    out(f"# engine: MAGPIE_CHECKS_PER_PROCESS={args.checks_per_process}, Procfile defaults otherwise "
-        f"(MAGPIE_CHECK_CONCURRENCY 2 check processes); threads: its Procfile defaults (4 check processes, "
-        f"16 threads per message, MAGPIE_MAX_INFLIGHT 10000); Redis db {args.redis_db} (schedule + broker, "
-        f"own prefixes), own PostgreSQL database per run; fault labs={args.fault_labs}; "
-        f"log level {args.log_level}; logs in {args.log_dir}")
+    cpp = f"MAGPIE_CHECKS_PER_PROCESS={args.checks_per_process}" if args.checks_per_process else \
+        "MAGPIE_CHECKS_PER_PROCESS unset (each tree's default)"
+    out(f"# every path: its own Procfile and defaults, {cpp}, MAGPIE_INSTANCE_HEARTBEAT={INSTANCE_HEARTBEAT_S:g}; "
+        f"Redis db {args.redis_db} (schedule + broker, own prefixes), own PostgreSQL database per run; "
+        f"fault labs={args.fault_labs} (tarpit ports per lab: "
+        f"{args.tarpit_ports or f'auto, at least {MIN_TARPIT_PORTS}'}), tarpits alternate "
+        f"{'/'.join(TARPIT_PROTOCOLS)}; log level {args.log_level}; logs in {args.log_dir}")
     for s in specs:
         n = s.routes + (1 if s.name == "trickle" else 0)
+        deadline = {"tarpit": s.routes, "mix": mix_counts(s.routes, MIX_SHARES)["tarpit"], "trickle": 1}.get(s.name, 0)
         out(f"# population={s.name} routes={n} interval_s={s.interval:g} demand_per_s={n / s.interval:g} "
+            f"ideal_per_s={ideal_rate(s, deadline, n - deadline):.1f} "
             f"check_timeout_s={s.timeout:g} attempts={s.attempts} warmup_s={s.warmup:g} window_s={s.seconds:g}")
 
 
@@ -965,44 +1206,53 @@ def result_line(spec: Spec, path: str, res: Result) -> str:
         f"{k}={fmt(v)}" for k, v in res.fields.items())
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--populations", default=",".join(POPULATIONS), help="comma-separated, of " + ",".join(POPULATIONS))
-    ap.add_argument("--routes", help="routes per population: N, or name=N,... (trickle: echo routes)")
-    ap.add_argument("--interval", help="check interval (s) per population: X, or name=X,...")
-    ap.add_argument("--seconds", type=float, help="measurement window (s) of every population")
-    ap.add_argument("--warmup", type=float, help="warm-up (s) after the first claims, every population")
-    ap.add_argument("--timeout", type=float, help="MAGPIE_CHECK_TIMEOUT of every population")
-    ap.add_argument("--attempts", type=int, help="MAGPIE_CHECK_ATTEMPTS of every population")
-    ap.add_argument("--quick", action="store_true", help="small populations and short windows (smoke run)")
-    ap.add_argument("--skip-baseline", action="store_true", help="measure the engine path only")
-    ap.add_argument("--profiles", action="store_true",
-                    help="engine path with a two-judge pool and a check profile on the workspace")
-    ap.add_argument("--baseline-ref", default="daf0a42", help="git ref of the thread-based baseline")
-    ap.add_argument("--checks-per-process", type=int, default=10_000, help="engine MAGPIE_CHECKS_PER_PROCESS")
-    ap.add_argument("--fault-labs", type=int, default=2, choices=range(1, len(LAB_HOST_BASES) + 1),
-                    help="fault-server processes; routes spread over them")
-    ap.add_argument("--redis-db", type=int, default=3, help="Redis database for schedule and broker")
-    ap.add_argument("--log-level", default="warning", help="MAGPIE_LOG_LEVEL of the Celery processes")
-    ap.add_argument("--log-dir", help="where run logs go (kept); default a new /tmp/pipeline_bench-* dir")
-    ap.add_argument("--no-snapshot", action="store_true",
-                    help="run the engine path from /work/main itself, not from a copy taken at start")
-    ap.add_argument("--engine-ref", help="run the engine path from this git ref (git archive) instead of the "
-                                         "work tree")
-    ap.add_argument("--wait-idle", type=float, default=90,
-                    help="before each run wait at most this many seconds for the machine to be < 25%% busy")
-    ap.add_argument("--snapshot-wait", type=float, default=180,
-                    help="seconds to keep retrying a work-tree snapshot that does not import")
-    args = ap.parse_args(argv)
+RATIO_FIGURES = ("checks_per_s", "achieved_ratio", "cpu_us_per_check", "cpu_us_per_check_worker_checks",
+                 "p50_lateness_s", "p99_lateness_s", "oldest_lateness_s", "c2s_p99_s", "in_flight_med",
+                 "leases_out_med", "peak_fds_worker_checks", "pg_bytes_per_hour", "lab_cpu_util")
 
+
+def ratio_line(spec: Spec, new: Result, old: Result) -> str:
+    """``pipeline-ratio`` line: new/baseline for the key figures (nan where either is missing or 0)."""
+    def ratio(k):
+        a, b = new.fields.get(k), old.fields.get(k)
+        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or not b or math.isnan(a) \
+                or math.isnan(b):
+            return float("nan")
+        return a / b
+
+    return f"pipeline-ratio population={spec.name} new/baseline " + " ".join(
+        f"{k}_ratio={fmt(ratio(k))}" for k in RATIO_FIGURES)
+
+
+def specs_from_args(ap: argparse.ArgumentParser, args) -> list[Spec]:
+    """The populations' specs from the parsed flags; a bad combination or value exits through
+    ``ap.error`` (one line, exit status 2)."""
+
+    if args.quick_mix and args.quick:
+        ap.error("--quick and --quick-mix exclude each other")
+    if args.quick_mix and args.populations not in (None, "mix"):
+        ap.error("--quick-mix measures the mix population only")
+    if args.populations is None:
+        args.populations = "mix" if args.quick_mix else ",".join(POPULATIONS)
     pops = [p.strip() for p in args.populations.split(",") if p.strip()]
     bad = [p for p in pops if p not in POPULATIONS]
     if bad:
         ap.error(f"unknown population(s): {', '.join(bad)}")
-    base = QUICK_SPECS if args.quick else DEFAULT_SPECS
-    routes = parse_per_pop(args.routes, int)
-    intervals = parse_per_pop(args.interval, float)
+    for name, v in (("--seconds", args.seconds), ("--warmup", args.warmup), ("--timeout", args.timeout)):
+        if v is not None and v < 0 or name != "--warmup" and v == 0:
+            ap.error(f"{name} must be > 0: {v:g}")
+    if args.attempts is not None and args.attempts < 1:
+        ap.error(f"--attempts must be >= 1: {args.attempts}")
+    if args.tarpit_ports is not None and not 1 <= args.tarpit_ports <= 1000:
+        ap.error(f"--tarpit-ports must be 1..1000: {args.tarpit_ports}")
+    base = QUICK_SPECS if args.quick else {**DEFAULT_SPECS, "mix": QUICK_MIX} if args.quick_mix else DEFAULT_SPECS
+    try:
+        routes = parse_per_pop(args.routes, int)
+        intervals = parse_per_pop(args.interval, float)
+    except ValueError as exc:
+        ap.error(f"--routes/--interval: {exc}")
+    if any(v < 1 for v in routes.values()) or any(v <= 0 for v in intervals.values()):
+        ap.error("--routes must be >= 1 and --interval > 0")
     specs = []
     for p in pops:
         s = base[p]
@@ -1016,7 +1266,59 @@ def main(argv: list[str] | None = None) -> int:
             s = replace(s, timeout=args.timeout)
         if args.attempts is not None:
             s = replace(s, attempts=args.attempts)
+        s = replace(s, warmup=s.interval if s.warmup is None else s.warmup,
+                    seconds=s.interval if s.seconds is None else s.seconds)
         specs.append(s)
+    return specs
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The benchmark's command-line parser."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--populations", "--population", dest="populations", default=None,
+                    help="comma-separated, of " + ",".join(POPULATIONS) + " (default: all)")
+    ap.add_argument("--routes", help="routes per population: N, or name=N,... (trickle: echo routes)")
+    ap.add_argument("--interval", help="check interval (s) per population: X, or name=X,...")
+    ap.add_argument("--seconds", type=float, help="measurement window (s) of every population")
+    ap.add_argument("--warmup", type=float, help="warm-up (s) after the first claims, every population")
+    ap.add_argument("--timeout", type=float, help="MAGPIE_CHECK_TIMEOUT of every population")
+    ap.add_argument("--attempts", type=int, help="MAGPIE_CHECK_ATTEMPTS of every population")
+    ap.add_argument("--quick", action="store_true", help="small populations and short windows (smoke run)")
+    ap.add_argument("--quick-mix", action="store_true",
+                    help="the goal's quick form: population mix, 200,000 routes, 60 s interval (one interval "
+                         "of warm-up, one measured)")
+    ap.add_argument("--skip-baseline", action="store_true", help="measure the engine path only")
+    ap.add_argument("--profiles", action="store_true",
+                    help="engine path with a two-judge pool and a check profile on the workspace")
+    ap.add_argument("--baseline-ref", default="daf0a42",
+                    help="git ref of the baseline, run from its own Procfile (default daf0a42, the thread-based "
+                         "checker); any ref with the current Procfile layout, e.g. 7adb9e4")
+    ap.add_argument("--checks-per-process", type=int, default=None,
+                    help="MAGPIE_CHECKS_PER_PROCESS of every path (default: unset, each tree's own default)")
+    ap.add_argument("--tarpit-ports", type=int, default=None,
+                    help=f"tarpit listening ports per fault lab (default: enough for the population's open "
+                         f"connections, at least {MIN_TARPIT_PORTS})")
+    ap.add_argument("--fault-labs", type=int, default=2, choices=range(1, len(LAB_HOST_BASES) + 1),
+                    help="fault-server processes; routes spread over them")
+    ap.add_argument("--redis-db", type=int, default=3, help="Redis database for schedule and broker")
+    ap.add_argument("--log-level", default="warning", help="MAGPIE_LOG_LEVEL of the Celery processes")
+    ap.add_argument("--log-dir", help="where run logs go (kept); default a new /tmp/pipeline_bench-* dir")
+    ap.add_argument("--no-snapshot", action="store_true",
+                    help="run the engine path from /work/main itself, not from a copy taken at start")
+    ap.add_argument("--engine-ref", help="run the engine path from this git ref (git archive) instead of the "
+                                         "work tree")
+    ap.add_argument("--wait-idle", type=float, default=90,
+                    help="before each run wait at most this many seconds for the machine to be < 25%% busy")
+    ap.add_argument("--snapshot-wait", type=float, default=180,
+                    help="seconds to keep retrying a work-tree snapshot that does not import")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = make_parser()
+    args = ap.parse_args(argv)
+    specs = specs_from_args(ap, args)
     args.log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="pipeline_bench-"))
     args.log_dir.mkdir(parents=True, exist_ok=True)
 
@@ -1052,7 +1354,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.path.insert(0, str(snap_dir))
         if not args.skip_baseline:
             baseline_dir, commit = extract_ref(args.baseline_ref, "pbench-baseline-")
-            trees.append(Tree("threads", baseline_dir, f"{args.baseline_ref} ({commit[:10]})"))
+            problem = tree_imports(baseline_dir)
+            if problem:
+                raise SystemExit(f"--baseline-ref {args.baseline_ref} does not import: {problem}")
+            if "worker-checks" not in Tree("baseline", baseline_dir, "").procfile_names():
+                raise SystemExit(f"--baseline-ref {args.baseline_ref}: its Procfile has no worker-checks process")
+            trees.append(Tree("baseline", baseline_dir, f"{args.baseline_ref} ({commit[:10]})"))
         header(args, specs, trees)
         started = time.monotonic()
         for s in specs:
@@ -1078,14 +1385,8 @@ def main(argv: list[str] | None = None) -> int:
                             f"warning_lines={n_warn} ({run.dir / 'celery.log'})")
                         for ln in firsts:
                             out(f"#   {ln}")
-            if "engine" in results and "threads" in results:
-                e, t = results["engine"], results["threads"]
-
-                def ratio(a, b):
-                    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
-
-                out(f"pipeline-ratio population={s.name} checks_per_s_ratio={fmt(ratio(e.checks_per_s, t.checks_per_s))} "
-                    f"cpu_us_per_check_ratio={fmt(ratio(e.cpu_us, t.cpu_us))}")
+            if "engine" in results and "baseline" in results:
+                out(ratio_line(s, results["engine"], results["baseline"]))
         out(f"# total {time.monotonic() - started:.0f}s")
         return 0
     except KeyboardInterrupt:

@@ -1,9 +1,8 @@
 """Connection handlers of the lab's fault servers (:class:`magpie.lab.faults.FaultLab` serves them).
 
 Bare ``asyncio.Protocol`` handlers, no task and no stream objects per connection, so one event loop can
-hold tens of thousands of connections:
+hold tens of thousands of connections (the tarpit accepts none at all: :mod:`magpie.lab.tarpit`):
 
-* :class:`TarpitProtocol` - accepts, never sends a byte;
 * :class:`TrickleProtocol` with its shared ticker :class:`Trickler` - ``HTTP/1.1 200 OK``, then one
   header byte a second, never ending the headers;
 * :class:`EchoProtocol` - a live elite proxy stand-in that answers as proxy and judge in one hop
@@ -51,21 +50,6 @@ class _Tracked(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self._conns.discard(self.transport)
         self.transport = None
-
-
-class TarpitProtocol(_Tracked):
-    """Accepts, reads and discards whatever arrives, never sends a byte; the connection lives until the
-    client closes it. State per connection: this object and its transport.
-
-    Args:
-        conns: the server's set of live transports (this connection is in it while open).
-    """
-
-    def data_received(self, data: bytes) -> None:
-        pass
-
-    def eof_received(self) -> bool:
-        return False  # client half-closed: close our side too
 
 
 class TrickleProtocol(_Tracked):

@@ -21,8 +21,9 @@ proxies also dialed from 127.0.0.1 every proxy would look transparent. pproxy ge
 listen URI's path (``socks5://127.0.0.4:B/@127.0.0.104``); the forward proxy binds its outbound sockets.
 
 The dead port is held bound (but not listening) by the lab, so nothing else can take it and connections
-to it are refused. All servers run in this process: pproxy and the forward proxies on one asyncio loop in a
-background thread, the judge in a ``ThreadingHTTPServer`` thread; nothing survives the process.
+to it are refused. All servers run in this process on one event loop (uvloop) in a background thread:
+pproxy, the forward proxies and the judge (:class:`magpie.checker.judge.JudgeProtocol`); nothing survives
+the process.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from magpie.checker.judge import JudgeServer, judge_url_of, make_judge_server
+from magpie.checker.check import new_event_loop
+from magpie.checker.judge import server_url, start_judge
 from magpie.lab.forward import ForwardProxy, is_loopback_host
 from magpie.lab.net import LabError, bindable, wait_accepting
 from magpie.routes import Route
@@ -119,8 +121,7 @@ class Lab:
         self.judge_port = DEFAULT_JUDGE_PORT if judge_port is None else judge_port
         self.slow_delay = float(slow_delay)
         self.proxies: list[LabProxy] = self._plan()
-        self._judge: JudgeServer | None = None
-        self._judge_thread: threading.Thread | None = None
+        self._judge: asyncio.AbstractServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._servers: list[asyncio.base_events.Server] = []
@@ -156,7 +157,7 @@ class Lab:
     def judge_url(self) -> str:
         """``http://127.0.0.1:<port>/``; with ``judge_port=0`` the real port is known only after start()."""
         if self._judge is not None:
-            return judge_url_of(self._judge)
+            return server_url(self._judge)
         return f"http://{JUDGE_HOST}:{self.judge_port}/"
 
     def proxy_list_text(self) -> str:
@@ -218,23 +219,16 @@ class Lab:
             raise LabError(f"dead port {dead.route.hostport} is in use: {exc}") from None
         self._dead_sock = sock
 
-        try:
-            self._judge = make_judge_server(JUDGE_HOST, self.judge_port)
-        except OSError as exc:
-            raise LabError(f"judge port {JUDGE_HOST}:{self.judge_port} is not available: {exc}") from None
-        self._judge_thread = threading.Thread(
-            target=self._judge.serve_forever,
-            kwargs={"poll_interval": 0.2},
-            name="magpie-lab-judge",
-            daemon=True,
-        )
-        self._judge_thread.start()
-
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name="magpie-lab-proxies", daemon=True
         )
         self._loop_thread.start()
+        fut = asyncio.run_coroutine_threadsafe(start_judge(JUDGE_HOST, self.judge_port), self._loop)
+        try:
+            self._judge = fut.result(START_TIMEOUT)
+        except OSError as exc:
+            raise LabError(f"judge port {JUDGE_HOST}:{self.judge_port} is not available: {exc}") from None
         for p in self.proxies[:-1]:
             fut = asyncio.run_coroutine_threadsafe(self._start_one(p), self._loop)
             try:
@@ -242,11 +236,13 @@ class Lab:
             except OSError as exc:
                 raise LabError(f"{p.name} port {p.route.hostport} is not available: {exc}") from None
 
-        addrs = [("judge", JUDGE_HOST, self._judge.server_address[1])]
+        addrs = [("judge", JUDGE_HOST, self._judge.sockets[0].getsockname()[1])]
         addrs += [(p.name, p.route.host, p.route.port) for p in self.proxies if p.expect_alive]
         wait_accepting(addrs, START_TIMEOUT)
 
     async def _shutdown(self) -> None:
+        if self._judge is not None:
+            self._judge.close()
         for s in self._servers:
             s.close()
         me = asyncio.current_task()
@@ -270,11 +266,9 @@ class Lab:
         self._loop = self._loop_thread = None
         self._servers = []
         if self._judge is not None:
-            if self._judge_thread is not None and self._judge_thread.is_alive():
-                self._judge.shutdown()
-                self._judge_thread.join(5.0)
-            self._judge.server_close()
-        self._judge = self._judge_thread = None
+            with contextlib.suppress(Exception):
+                self._judge.close()  # idempotent; the loop's shutdown already closed it
+        self._judge = None
         if self._dead_sock is not None:
             self._dead_sock.close()
             self._dead_sock = None

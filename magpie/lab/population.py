@@ -2,13 +2,15 @@
 
 Every lab server accepts any credentials, and the route hash covers credentials, so lines that differ
 only by user name are distinct routes through one address: :func:`population_lines` makes ``n`` of them,
-:func:`mix_lines` a deterministic mix over several servers (e.g. :attr:`magpie.lab.faults.FaultLab.addresses`)
-in given shares, split by :func:`mix_counts`.
+:func:`spread_lines` spreads them over several addresses (e.g. the tarpit's ports,
+:attr:`magpie.lab.faults.FaultLab.tarpit_addresses`) and alternates protocols, :func:`mix_lines` a
+deterministic mix over several servers (e.g. :attr:`magpie.lab.faults.FaultLab.addresses`) in given shares,
+split by :func:`mix_counts`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from magpie.routes import PROTOCOLS
 
@@ -38,6 +40,34 @@ def population_lines(address: str, n: int, protocol: str = "http", start: int = 
     return [f"{prefix}{i}{suffix}" for i in range(start, start + n)]
 
 
+def spread_lines(addresses: Sequence[str], n: int, protocols: Sequence[str] = ("http",),
+                 start: int = 0) -> list[str]:
+    """``n`` lines for ``n`` distinct routes spread over ``addresses``, cycling through ``protocols``.
+
+    Line ``j`` is ``{protocols[j % P]}://u{start + j}:x@{addresses[(j // P) % A]}``: consecutive lines
+    alternate protocols, and every address gets each protocol. With one address and one protocol it
+    equals :func:`population_lines`.
+
+    Args:
+        addresses: one or more ``"host:port"``.
+        n: number of lines (>= 0).
+        protocols: one or more of :data:`magpie.routes.PROTOCOLS`.
+        start: first user index.
+
+    Returns a list of ``n`` str lines. Raises ValueError for an empty ``addresses``/``protocols``, an
+    unknown protocol or a negative ``n``/``start``.
+    """
+    if not addresses or not protocols:
+        raise ValueError("addresses and protocols must not be empty")
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad:
+        raise ValueError(f"protocol {bad[0]!r} is not one of {', '.join(PROTOCOLS)}")
+    if n < 0 or start < 0:
+        raise ValueError(f"n and start must be >= 0: {n}, {start}")
+    n_p, n_a = len(protocols), len(addresses)
+    return [f"{protocols[j % n_p]}://u{start + j}:x@{addresses[(j // n_p) % n_a]}" for j in range(n)]
+
+
 def mix_counts(n: int, shares: Mapping[str, float]) -> dict[str, int]:
     """Split ``n`` by ``shares`` (non-negative weights, normalised by their sum) into integer counts that
     sum to ``n`` (largest remainder; ties go to the kind listed first)."""
@@ -54,21 +84,24 @@ def mix_counts(n: int, shares: Mapping[str, float]) -> dict[str, int]:
     return counts
 
 
-def mix_lines(addresses: Mapping[str, str], n: int, shares: Mapping[str, float],
-              protocol: str = "http") -> list[tuple[str, str]]:
+def mix_lines(addresses: Mapping[str, str | Sequence[str]], n: int, shares: Mapping[str, float],
+              protocol: str = "http",
+              protocols: Mapping[str, Sequence[str]] | None = None) -> list[tuple[str, str]]:
     """A deterministic mixed population of ``n`` distinct routes, as ``(kind, line)`` pairs.
 
     Args:
-        addresses: kind -> ``"host:port"`` (e.g. :attr:`FaultLab.addresses`); every kind in ``shares``
-            must be present.
+        addresses: kind -> ``"host:port"`` or a list of them (e.g. :attr:`FaultLab.addresses`, with
+            ``"tarpit"`` replaced by :attr:`FaultLab.tarpit_addresses`); every kind in ``shares`` must be
+            present.
         n: total number of routes.
         shares: kind -> weight, e.g. ``{"tarpit": .70, "refused": .10, "echo": .15, "slow": .05}``;
             counts follow :func:`mix_counts`.
-        protocol: protocol of every line.
+        protocol: protocol of the lines of every kind not in ``protocols``.
+        protocols: kind -> protocols its lines cycle through (e.g. ``{"tarpit": ("http", "socks5")}``).
 
     Returns:
         ``n`` pairs, the kinds spread evenly through the list (any prefix has about the same mix), each
-        line from :func:`population_lines` for its kind.
+        line from :func:`spread_lines` for its kind (its addresses and protocols).
     """
     missing = [k for k in shares if k not in addresses]
     if missing:
@@ -78,5 +111,11 @@ def mix_lines(addresses: Mapping[str, str], n: int, shares: Mapping[str, float],
     for order, (kind, c) in enumerate(counts.items()):
         slots += [((m + 0.5) / c, order, kind) for m in range(c)]
     slots.sort()
-    lines = {k: iter(population_lines(addresses[k], c, protocol)) for k, c in counts.items()}
+    protocols = protocols or {}
+
+    def listed(v: str | Sequence[str]) -> Sequence[str]:
+        return [v] if isinstance(v, str) else v
+
+    lines = {k: iter(spread_lines(listed(addresses[k]), c, protocols.get(k, (protocol,))))
+             for k, c in counts.items()}
     return [(kind, next(lines[kind])) for _, _, kind in slots]

@@ -55,6 +55,13 @@ def _names():
     return [p.name for p in Lab(20000).proxies]
 
 
+def test_lab_proxies_and_judge_run_on_uvloop(lab):
+    import uvloop
+
+    assert isinstance(lab._loop, uvloop.Loop)
+    assert lab.judge_url == f"http://127.0.0.1:{lab._judge.sockets[0].getsockname()[1]}/"
+
+
 def test_layout_has_the_eight_expected_proxies():
     lab = Lab(30000)
     got = [(p.name, p.route.protocol, p.route.host, p.route.port, p.expect_alive, p.expect_anonymity)

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import struct
 import time
 from pathlib import Path
 
@@ -28,8 +29,10 @@ from magpie.lab.faults import (
     mix_counts,
     mix_lines,
     population_lines,
+    spread_lines,
     start_free_fault_lab,
 )
+from magpie.lab.tarpit import REAP_INTERVAL, queue_info
 from magpie.routes import Route
 
 SLOW = 1.0
@@ -89,6 +92,10 @@ def test_layout_addresses():
     for bad in ("10.0.0.1", "127.255.255.252", "::1", "nope"):
         with pytest.raises(ValueError):
             FaultLab(bad, 30000)
+    assert FaultLab("127.0.0.50", 30000, tarpit_ports=3).tarpit_addresses == [
+        "127.0.0.50:30000", "127.0.0.50:30005", "127.0.0.50:30006"]
+    with pytest.raises(ValueError):
+        FaultLab("127.0.0.50", 30000, tarpit_ports=0)
 
 
 # -- tarpit ------------------------------------------------------------------------------------------
@@ -102,27 +109,108 @@ def test_tarpit_accepts_and_sends_nothing(faults):
             s.recv(1)  # b"" (closed) or any byte would fail too
 
 
-def test_tarpit_holds_many_connections_and_releases_them(faults):
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _abort(s: socket.socket) -> None:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+
+
+def test_never_accepting_tarpit_keeps_clients_waiting_without_an_fd_per_connection():
     import resource
 
-    n = 2000
-    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 2 * n + 500:
+    n = 1500
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < n + 500:
         pytest.skip("file descriptor limit too low for this test")
-    addr = _hp(faults.addresses["tarpit"])
+    lab = start_free_fault_lab(host_base="127.0.0.70", slow_delay=0.1)
     socks = []
     try:
+        base = _fds()
+        addr = _hp(lab.addresses["tarpit"])
         for _ in range(n):
-            socks.append(socket.create_connection(addr, timeout=5))
-        assert _wait_for(lambda: faults.connections()["tarpit"] >= n), faults.connections()
-        time.sleep(0.3)
+            s = socket.create_connection(addr, timeout=5)
+            s.sendall(_request())
+            socks.append(s)
+        assert _wait_for(lambda: lab.connections()["tarpit"] == n), lab.connections()
+        assert _fds() == base + n  # the test's own sockets only: the lab holds none per connection
         poller = select.poll()  # select() cannot take fds above 1023
         for s in socks:
             poller.register(s, select.POLLIN)
-        assert poller.poll(0) == []  # nothing sent, nothing closed
+        assert poller.poll(300) == []  # nothing sent, nothing closed
+        for s in socks:
+            _abort(s)
+        socks.clear()
+        # a connection its client reset stays queued until accepted: only the reaper removes it
+        time.sleep(0.3)
+        assert lab.connections()["tarpit"] == n
+        assert lab.tarpit_stats()["reaped"] == 0
     finally:
         for s in socks:
             s.close()
-    assert _wait_for(lambda: faults.connections()["tarpit"] == 0), faults.connections()
+        lab.stop()
+
+
+def test_reaper_closes_the_oldest_queued_connections_first():
+    lab = start_free_fault_lab(host_base="127.0.0.70", slow_delay=0.1, tarpit_backlog=40)
+    old, new = [], []
+    try:
+        addr = _hp(lab.addresses["tarpit"])
+        assert queue_info(lab._tarpits[0].sock) == (0, 40)
+        for _ in range(30):  # 75 % of the maximum: under the reaper's threshold
+            old.append(socket.create_connection(addr, timeout=5))
+        for s in old:
+            _abort(s)  # these clients gave up
+        time.sleep(3 * REAP_INTERVAL)
+        assert lab.connections()["tarpit"] == 30 and lab.tarpit_stats()["reaped"] == 0
+        for _ in range(6):  # 36 > 85 % (34): reaped down to 70 % (28), oldest first
+            s = socket.create_connection(addr, timeout=5)
+            s.sendall(_request())
+            new.append(s)
+        assert _wait_for(lambda: lab.tarpit_stats()["reaped"] >= 7), lab.tarpit_stats()  # 7 if it ran at 35
+        stats = lab.tarpit_stats()
+        assert stats["queued"] + stats["reaped"] == 36 and 28 <= stats["queued"] <= 29, stats
+        assert (stats["capacity"], stats["reaped_waiting"]) == (40, 0), stats  # only clients that gave up
+        poller = select.poll()
+        for s in new:
+            poller.register(s, select.POLLIN)
+        assert poller.poll(0) == []  # the waiting clients were not touched
+    finally:
+        for s in old + new:
+            s.close()
+        lab.stop()
+
+
+def test_reaper_keeps_a_never_accepting_queue_from_filling():
+    lab = start_free_fault_lab(host_base="127.0.0.70", slow_delay=0.1, tarpit_backlog=40)
+    try:
+        addr = _hp(lab.addresses["tarpit"])
+        peak = 0
+        for i in range(150):  # far more than the queue holds: every connect still completes
+            s = socket.create_connection(addr, timeout=5)
+            _abort(s)
+            peak = max(peak, lab.connections()["tarpit"])
+            if lab.connections()["tarpit"] > 34:
+                assert _wait_for(lambda: lab.connections()["tarpit"] <= 28), (i, lab.tarpit_stats())
+        stats = lab.tarpit_stats()
+        assert peak <= 41 and stats["queued"] <= 34, (peak, stats)
+        assert stats["reaped"] >= 150 - 34 and stats["reaped_waiting"] == 0, stats
+    finally:
+        lab.stop()
+
+
+def test_tarpit_listens_on_several_ports():
+    lab = start_free_fault_lab(host_base="127.0.0.70", slow_delay=0.1, tarpit_ports=3)
+    try:
+        assert len(lab.tarpit_addresses) == 3 and lab.tarpit_addresses[0] == lab.addresses["tarpit"]
+        for address in lab.tarpit_addresses:
+            with socket.create_connection(_hp(address), timeout=2) as s:
+                s.sendall(_request())
+        assert _wait_for(lambda: lab.tarpit_stats()["queued"] == 3), lab.tarpit_stats()
+        assert lab.tarpit_stats()["listeners"] == 3
+    finally:
+        lab.stop()
 
 
 # -- trickle -----------------------------------------------------------------------------------------
@@ -269,6 +357,24 @@ def test_mix_lines_is_deterministic_spread_and_distinct():
         mix_lines({"echo": "127.0.0.23:1"}, 10, {"echo": .5, "tarpit": .5})
 
 
+def test_mix_spreads_tarpits_over_their_ports_alternating_http_and_socks5():
+    tarpits = [f"127.0.0.20:{30000 + i}" for i in range(4)]
+    addresses = {"tarpit": tarpits, "echo": "127.0.0.23:30003"}
+    pairs = mix_lines(addresses, 1000, {"tarpit": .7, "echo": .3}, protocols={"tarpit": ("http", "socks5")})
+    routes = parse_lines([line for _, line in pairs]).routes
+    assert len(routes) == 1000
+    tar = [r for (kind, _), r in zip(pairs, routes) if kind == "tarpit"]
+    assert [r.protocol for r in tar[:4]] == ["http", "socks5", "http", "socks5"]
+    per_port = {(r.port, r.protocol): 0 for r in tar}
+    for r in tar:
+        per_port[(r.port, r.protocol)] += 1
+    assert len(per_port) == 8 and set(per_port.values()) <= {87, 88}, per_port  # every port, both protocols
+    assert {r.protocol for (kind, _), r in zip(pairs, routes) if kind == "echo"} == {"http"}
+    assert spread_lines(["127.0.0.23:1"], 5) == population_lines("127.0.0.23:1", 5)
+    with pytest.raises(ValueError):
+        spread_lines([], 1)
+
+
 # -- runners -----------------------------------------------------------------------------------------
 
 
@@ -291,27 +397,37 @@ class _Lines:
             return ""
 
 
-def test_runner_prints_its_addresses_and_exits_0_on_sigterm():
+def test_runner_prints_its_addresses_and_exits_0_on_sigterm(tmp_path):
     import resource
 
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     low = min(256, hard)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     # started with a low soft fd limit (exec keeps the pid)
-    cmd = f'ulimit -Sn {low} && exec "$0" -m magpie.lab.faults --host-base 127.0.0.40 --slow-delay 0.2'
+    stats_file = tmp_path / "stats.json"
+    cmd = (f'ulimit -Sn {low} && exec "$0" -m magpie.lab.faults --host-base 127.0.0.40 --slow-delay 0.2 '
+           f'--tarpit-ports 3 --stats-file {stats_file}')
     proc = subprocess.Popen(
         ["/bin/sh", "-c", cmd, sys.executable],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO,
     )
     try:
         doc = json.loads(_Lines(proc).get(20))
-        assert set(doc) == {*KINDS, "pid"} and doc["pid"] == proc.pid
+        assert set(doc) == {*KINDS, "tarpits", "pid"} and doc["pid"] == proc.pid
         limits = Path(f"/proc/{proc.pid}/limits").read_text()
         soft_now = next(x.split()[3] for x in limits.splitlines() if x.startswith("Max open files"))
         assert soft_now != str(low) and (hard == resource.RLIM_INFINITY or soft_now == str(hard)), limits
         base = _hp(doc["tarpit"])[1]
         for i, kind in enumerate(KINDS):
             assert doc[kind] == f"127.0.0.{40 + i}:{base + i}"
+        assert doc["tarpits"] == [f"127.0.0.40:{p}" for p in (base, base + 5, base + 6)]
+        with socket.create_connection(_hp(doc["tarpits"][2]), timeout=2):
+            def queued():
+                try:
+                    return json.loads(stats_file.read_text())["tarpit"]["queued"]
+                except (OSError, ValueError):
+                    return None
+            assert _wait_for(lambda: queued() == 1, 5), queued()
         host, port = _hp(doc["echo"])
         r = _get(f"http://{JUDGE}/", f"http://u1:x@{host}:{port}")
         assert parse_echo(r.content)["remote_addr"] == "127.0.0.43"

@@ -16,7 +16,7 @@ import requests
 from magpie.checker import CONNECTION_ERRORS, PROXY_HEADERS, Checker, CheckResult, classify, proxy_url
 from magpie.stats.entry import decode_result, entry_fields
 from magpie.checker.result import parse_echo
-from magpie.checker.judge import make_judge_server
+from magpie.checker.judge import JudgeThread, make_judge_server
 from magpie.lab import start_free_lab
 from magpie.routes import Route
 
@@ -203,8 +203,14 @@ def test_unsupported_protocol_is_a_result_not_a_crash():
 # -- the judge --------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def judge():
+@pytest.fixture(params=["threaded", "event-loop"])
+def judge(request):
+    """Both judge servers: the threaded one and JudgeProtocol on uvloop must answer alike."""
+    if request.param == "event-loop":
+        j = JudgeThread("127.0.0.1", 0)
+        yield j.url.rstrip("/")
+        j.stop()
+        return
     server = make_judge_server("127.0.0.1", 0)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
@@ -236,6 +242,46 @@ def test_judge_joins_repeated_headers(judge):
             data += chunk
     doc = json.loads(data.split(b"\r\n\r\n", 1)[1])
     assert doc["headers"] == {"X-Forwarded-For": "10.0.0.1, 10.0.0.2"}
+
+
+def test_judge_refuses_other_methods_and_garbage(judge):
+    with requests.Session() as s:
+        s.trust_env = False
+        assert s.post(judge + "/", data=b"x", timeout=5).status_code == 501
+        r = s.head(judge + "/h", timeout=5)
+        assert r.status_code == 200 and r.content == b"" and int(r.headers["Content-Length"]) > 0
+    port = int(judge.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET / HTTP/1.0 extra\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert b"400" in data and b'"remote_addr"' not in data  # the threaded one answers it HTTP/0.9-style
+
+
+def test_run_judge_serves_on_uvloop_and_stops_on_sigterm():
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    code = "from magpie.checker.judge import run_judge; run_judge('127.0.0.1', 0)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        m = re.match(r"judge listening on (http://127\.0\.0\.1:\d+/)$", line.strip())
+        assert m, line
+        with requests.Session() as s:
+            s.trust_env = False
+            assert s.get(m.group(1) + "p", timeout=5).json()["path"] == "/p"
+        assert "uvloop" in open(f"/proc/{proc.pid}/maps").read()  # the loop is uvloop's
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_learn_own_address_direct_and_cached(judge):

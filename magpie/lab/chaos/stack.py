@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -157,18 +156,17 @@ class Stack:
 
     def start_services(self) -> None:
         """Start the private Redis servers, the judge and fault lab, create and migrate the database."""
-        from magpie.checker.judge import judge_url_of, make_judge_server
+        from magpie.checker.judge import JudgeThread
         from magpie.db.migrate import upgrade
         from magpie.lab.faults import start_free_fault_lab
 
         self.r = self.redis_server.start()
         if self.broker_server:
             self.broker_server.start()
-        self.judge = make_judge_server("127.0.0.1", 0)
-        threading.Thread(target=self.judge.serve_forever, name="chaos-judge", daemon=True).start()
-        self.env["MAGPIE_JUDGE_URL"] = judge_url_of(self.judge)
+        self.judge = JudgeThread("127.0.0.1", 0)
+        self.env["MAGPIE_JUDGE_URL"] = self.judge.url
         self.lab = start_free_fault_lab(LAB_HOST_BASE, slow_delay=float(self.env.get("CHAOS_SLOW_DELAY", 1.5)),
-                                        judge_port=self.judge.server_address[1])
+                                        judge_port=self.judge.port)
         self.pg.execute(f'CREATE DATABASE "{self.db}"')
         upgrade(self.pg.url(self.db), encryption_key=KEY)
         import sqlalchemy as sa
@@ -269,8 +267,8 @@ class Stack:
         for p in self.procs:
             with contextlib.suppress(Exception):  # cleanup goes on whatever one step raises
                 p.stop(grace=5)
-        for stopper in (getattr(self.lab, "stop", None), getattr(self.judge, "shutdown", None),
-                        getattr(self.judge, "server_close", None), self.redis_server.stop,
+        for stopper in (getattr(self.lab, "stop", None), getattr(self.judge, "stop", None),
+                        self.redis_server.stop,
                         self.broker_server.stop if self.broker_server else None):
             if stopper:
                 with contextlib.suppress(Exception):
