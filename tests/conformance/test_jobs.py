@@ -1,0 +1,86 @@
+"""Jobs that read the schedule, run against every provider: owner verification (``route_ownership``)
+and the interval's convergence (``interval_respread``). Each job builds its own provider from the settings
+(``MAGPIE_SCHEDULE_URL``), as in production."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sqlalchemy as sa
+
+from magpie.config import load_settings
+from magpie.judges.ownership import drops_key
+from magpie.maintenance.runner import run_job
+from magpie.queue import Payload
+from magpie.routes import Route
+
+
+@pytest.fixture
+def job_settings(backend, redis_prefix, pg_url):
+    """Settings whose schedule is the provider under test (same prefix as ``make_queue``)."""
+    from tests.conftest import REDIS_URL
+
+    return load_settings(redis_url=REDIS_URL, redis_prefix=redis_prefix, database_url=pg_url,
+                         schedule_url=pg_url if backend == "postgresql" else None,
+                         encryption_key="test-key-0123456789abcdef")
+
+
+@pytest.fixture
+def jq(make_queue, job_settings):
+    return make_queue(shards=job_settings.schedule.shards, interval_ms=job_settings.schedule.interval_ms)
+
+
+@pytest.fixture
+def owners_db(pg_url):
+    """Two workspaces; routes and workspaces are deleted afterwards."""
+    engine = sa.create_engine(pg_url)
+    with engine.begin() as c:
+        ids = [c.execute(sa.text("INSERT INTO workspaces (name) VALUES (:n) RETURNING id"), {"n": n}).scalar_one()
+               for n in ("conf-alpha", "conf-beta")]
+    yield engine, ids
+    with engine.begin() as c:
+        c.execute(sa.text("DELETE FROM route_workspaces WHERE workspace_id = ANY(:w)"), {"w": ids})
+        c.execute(sa.text("DELETE FROM routes WHERE route_hash LIKE 'c0nf%'"))
+        c.execute(sa.text("DELETE FROM workspaces WHERE id = ANY(:w)"), {"w": ids})
+        c.execute(sa.text("DELETE FROM maintenance_runs WHERE job = 'route_ownership'"))
+    engine.dispose()
+
+
+def _route(engine, h, owners) -> int:
+    with engine.begin() as c:
+        rid = c.execute(sa.text("INSERT INTO routes (route_hash, protocol, host, port) "
+                                "VALUES (:h, 'http', '127.0.0.1', 9) RETURNING id"), {"h": h}).scalar_one()
+        for w in owners:
+            c.execute(sa.text("INSERT INTO route_workspaces (route_id, workspace_id) VALUES (:r, :w)"),
+                      {"r": rid, "w": w})
+    return rid
+
+
+def test_owner_verification_reads_the_schedule_of_every_provider(jq, job_settings, owners_db, redis_client):
+    engine, (A, B) = owners_db
+    kept, moved, orphan = "c0nf" + "1" * 20, "c0nf" + "2" * 20, "c0nf" + "3" * 20
+    ids = {kept: _route(engine, kept, [A]), moved: _route(engine, moved, [B]), orphan: _route(engine, orphan, [])}
+    jq.schedule([(h, Payload(ids[h], Route("http", "127.0.0.1", 9), h, [A]).encode()) for h in (kept, moved, orphan)])
+
+    rep = run_job("route_ownership", job_settings, engine=engine, redis=redis_client)
+    assert rep["status"] == "ok", rep
+    res = rep["result"]
+    # the orphan is still scheduled: it is a pending drop, never a route "gone" from the schedule
+    assert (res["drops"], res["readded"], res["deleted"]) == (2, 1, 0), res
+    pending = {k.decode(): v.decode() for k, v in redis_client.hgetall(drops_key(job_settings.redis_prefix)).items()}
+    assert pending == {moved: str(A), orphan: str(A)}
+    assert json.loads(jq.payload(moved))["w"] == [A, B]  # B merged back at once
+    assert json.loads(jq.payload(kept))["w"] == [A]
+    with engine.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM routes WHERE route_hash LIKE 'c0nf%'")).scalar_one() == 3
+
+
+def test_owner_verification_deletes_an_unowned_route_only_once_it_left_the_schedule(jq, job_settings, owners_db,
+                                                                                      redis_client):
+    engine, (A, _B) = owners_db
+    h = "c0nf" + "4" * 20
+    _route(engine, h, [])
+    rep = run_job("route_ownership", job_settings, engine=engine, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["deleted"] == 1, rep
+    assert jq.payloads([h]) == [None]
