@@ -87,15 +87,6 @@ def with_owners(payload: str, owners) -> str:
     return head + sep + json.dumps(sorted(set(owners)), separators=(",", ":")) + "}" if sep else payload
 
 
-def read_payloads(queue, members: list[str]) -> list:
-    """The stored payloads of ``members`` (None where missing): one ``MGET`` on the Redis schedule, one
-    read per route on another provider."""
-    keys = getattr(queue, "keys", None)
-    if keys is not None and hasattr(keys, "payload") and hasattr(queue, "r"):
-        return queue.r.mget([keys.payload(m) for m in members])
-    return [queue.payload(m) for m in members]
-
-
 def schedule_of(ctx: JobContext):
     """The deployment's schedule provider (Redis or PostgreSQL, ``MAGPIE_SCHEDULE_URL``)."""
     from magpie.queue.provider import create_provider
@@ -109,7 +100,7 @@ def verify_routes(ctx: JobContext, rows, queue) -> dict:
     if not rows:
         return out
     members = [h.strip() for _, h in rows]
-    payloads = read_payloads(queue, members)  # the schedule first
+    payloads = queue.payloads(members)  # the schedule first
     with ctx.engine.connect() as conn:
         owners = dict(conn.execute(sa.text(_OWNERS), {"ids": [r[0] for r in rows]}).all())
     key = drops_key(ctx.settings.redis_prefix)

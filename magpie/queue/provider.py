@@ -116,6 +116,8 @@ class ScheduleProvider(Protocol):
     def score(self, member: str) -> str | None:
         """The route's position as a ``'%.2f'`` score (``.25`` retry, ``.5`` lease), or None."""
     def payload(self, member: str) -> str | None: """The stored payload text, or None."""
+    def payloads(self, members: Sequence[str]) -> list[str | None]:
+        """The stored payload texts of ``members`` in order, None where missing (one round trip)."""
     def inspect(self, member: str) -> dict: """Everything known about one route."""
     def status(self) -> dict: """``{"now_ms", "paused", "shards": [...], "totals": {...}}``."""
 

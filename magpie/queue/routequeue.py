@@ -461,6 +461,12 @@ class RouteQueue:
         v = self.r.get(self.keys.payload(member))
         return None if v is None else _s(v)
 
+    def payloads(self, members: Sequence[str]) -> list[str | None]:
+        """The stored payload texts of ``members`` in order (None where missing): one ``MGET``."""
+        if not members:
+            return []
+        return [None if v is None else _s(v) for v in self.r.mget([self.keys.payload(m) for m in members])]
+
     def inspect(self, member: str) -> dict:
         """Everything known about one route now (:func:`magpie.queue.reads.inspect`)."""
         return reads.inspect(self.r, self.keys, member, self.server_time_ms())

@@ -242,6 +242,17 @@ class AdminPlane:
         row = self._row(member, "payload")
         return None if row is None else row[0]
 
+    def payloads(self, members) -> list[str | None]:
+        """The stored payload texts of ``members`` in order (None where missing): one ``SELECT``."""
+        members = list(members)
+        if not members:
+            return []
+        with self.tx() as cur:
+            cur.execute("SELECT route, payload FROM schedule_routes WHERE schedule = %s AND route = ANY(%s)",
+                        (self.name, members))
+            found = dict(cur.fetchall())
+        return [found.get(m) for m in members]
+
     def inspect(self, member: str) -> dict:
         """Everything known about one route, in the shape of :func:`magpie.queue.reads.inspect`, plus
         ``last_silent_ms``: how long the last lease reaped by a claim had gone without a heartbeat."""
