@@ -187,23 +187,34 @@ class RouteQueue:
         return self.complete_with_results(leases, None, None, interval_ms).codes
 
     def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
-                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
-        """Complete ``leases`` and append ``results[i]`` (stream entry fields, or None) of each completed
-        lease to ``stream`` in the same atomic script call (see :mod:`magpie.queue.completion`).
+                              stream: StreamTarget | None, interval_ms: int | None = None,
+                              desired: Sequence[str | None] | None = None) -> Completion:
+        """Complete ``leases``, apply the holders' ownership changes and append ``results[i]`` (stream entry
+        fields, or None) of each completed lease to ``stream``, all in one atomic script call
+        (``complete.lua``; see :mod:`magpie.queue.completion`).
 
-        Returns a :class:`Completion`; refused leases get their cancellation token fired. With
-        ``stream.policy == "refuse"`` and no room, nothing changes and ``full`` is True.
+        ``desired[i]`` (optional): the holder's desired payload for lease ``i`` (JSON of any encoding; only
+        its ``"w"`` list is read): only the workspace ids added or removed between ``lease.payload`` and it
+        are applied to the payload as stored now; with no workspace left the route is removed (code
+        ``REMOVED``, no result appended). Returns a :class:`Completion`; refused leases get their
+        cancellation token fired. With ``stream.policy == "refuse"`` and no room, nothing changes and
+        ``full`` is True.
         """
         if not leases:
             return Completion()
+        k = self.keys
         args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
-                      stream.maxlen if stream else 0, stream.group if stream else ""]
+                      stream.maxlen if stream else 0, stream.group if stream else "", k.payload_prefix,
+                      k.logs_prefix]
         for i, le in enumerate(leases):
             fields = results[i] if results is not None and stream is not None else None
-            args += [le.member, le.lease_score, le.previous_score, len(fields) if fields else 0]
+            want = desired[i] if desired is not None else None
+            args += [le.member, le.lease_score, le.previous_score]
+            args += [0] if want is None else [2, le.payload, want]
+            args.append(len(fields) if fields else 0)
             if fields:
-                for k, v in fields.items():
-                    args += [k, v]
+                for key, v in fields.items():
+                    args += [key, v]
         keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
         raw = self.scripts.complete(keys=keys, args=args)
         n = len(leases)
@@ -213,7 +224,7 @@ class RouteQueue:
         out.codes = [int(x) for x in raw[3: 3 + n]]
         out.ids = [_s(x) or None for x in raw[3 + n: 3 + 2 * n]]
         for le, c in zip(leases, out.codes):
-            if c != COMPLETED:
+            if c not in (COMPLETED, REMOVED):
                 le.cancel()
         return out
 
@@ -224,18 +235,17 @@ class RouteQueue:
             raise refusal(code, lease.member)
 
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
-        """Complete ``lease`` and apply the worker's ownership change (``complete_payload.lua``).
+        """Complete ``lease`` and apply the worker's ownership change (:meth:`complete_with_results`).
 
         Only the workspace ids added or removed between ``lease.payload`` (the original snapshot) and
         ``desired_payload`` are applied to the payload as stored now: workspaces added concurrently by
         an import and the current credentials stay. Returns ``"completed"`` or ``"removed"`` (no
         workspace left). Raises :class:`LeaseLost`, :class:`QueueError` ``gone`` or ``bad_payload``.
         """
-        k = self.keys
-        res = self._one(self.scripts.complete_payload, lease.shard, [
-            self._now(), int(interval_ms or self.interval_ms), k.payload_prefix, k.logs_prefix, lease.member,
-            lease.lease_score, lease.previous_score, lease.payload, desired_payload])
-        return "removed" if self._fenced(lease, int(res)) == REMOVED else "completed"
+        code = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload]).codes[0]
+        if code not in (COMPLETED, REMOVED):
+            raise refusal(code, lease.member)
+        return "removed" if code == REMOVED else "completed"
 
     def retry(self, lease: Lease, delay_ms: int) -> int:
         """End the cycle early and re-check after ``delay_ms`` (``retry.lua``), e.g. on the Backoff curve

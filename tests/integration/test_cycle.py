@@ -54,6 +54,9 @@ class FakeEngine:
             return CheckResult(False, None, None, 1, self.error, None, None, self.judge_url, int(time.time() * 1000))
         return CheckResult(True, 12.5, 200, 1, None, "{}", "elite", self.judge_url, int(time.time() * 1000))
 
+    async def check_payload(self, payload, before_attempt=None):
+        return await self.check(payload.route, before_attempt)
+
     async def judge_reachable(self, max_age=2.0):
         return self.judge_up
 
