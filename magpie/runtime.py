@@ -55,9 +55,7 @@ def engine():
 
 def capacity_registry():
     """The :class:`magpie.queue.capacity.CapacityRegistry` of this deployment's schedule."""
-    from magpie.queue.capacity import CapacityRegistry
-
-    return _get("capacity", lambda: CapacityRegistry(redis_client(), route_queue().keys))
+    return _get("capacity", lambda: route_queue().capacity_registry())
 
 
 def check_pool():

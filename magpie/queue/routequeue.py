@@ -67,6 +67,44 @@ class RouteQueue:
         q.check_layout()
         return q
 
+    # -- beside the schedule: what every provider keeps in this Redis -------------------------------
+    @property
+    def redis(self) -> redis.Redis:
+        """The Redis holding what lives beside the schedule (here: the schedule itself too)."""
+        return self.r
+
+    @property
+    def prefix(self) -> str:
+        """The deployment's key prefix (``MAGPIE_REDIS_PREFIX``)."""
+        return self.keys.prefix
+
+    @property
+    def shards(self) -> int:
+        """The shard count (``PROXY_QUEUE_SHARDS``)."""
+        return self.keys.shards
+
+    def side_key(self, name: str) -> str:
+        """Key ``name`` under the schedule's hash tag in :attr:`redis`."""
+        return self.keys.base + name
+
+    def shard_of(self, member: str) -> str:
+        """The shard label of a route (its :attr:`Lease.shard`)."""
+        return self.keys.shard_of(member)
+
+    def capacity_registry(self):
+        """The :class:`magpie.queue.capacity.CapacityRegistry` of this schedule's check engines."""
+        from magpie.queue.capacity import CapacityRegistry
+
+        return CapacityRegistry(self.r, self.keys)
+
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2,
+                         progress: Callable[[dict], object] | None = None) -> dict:
+        """Rewrite every stored payload with its credentials sealed or in plaintext
+        (:func:`magpie.queue.migrate.migrate_payloads`, whose arguments, reply and errors it has)."""
+        from magpie.queue.migrate import migrate_payloads
+
+        return migrate_payloads(self, cipher, encrypt=encrypt, batch=batch, retries=retries, progress=progress)
+
     def check_layout(self) -> None:
         """Record this schedule's shard count on first use; refuse a different one later.
 
@@ -476,6 +514,22 @@ class RouteQueue:
         if not members:
             return []
         return [None if v is None else _s(v) for v in self.r.mget([self.keys.payload(m) for m in members])]
+
+    def dead_count(self) -> int:
+        """How many routes are dead-lettered (one ``ZCARD``)."""
+        return int(self.r.zcard(self.keys.dead))
+
+    def in_flight(self, limit: int = 100) -> list[dict]:
+        """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",
+        "silent_seconds"}]`` (seconds; negative ``expires_in_s``: expired, not yet re-claimed). Silence is
+        estimated as the time since the lease was last given or renewed with :attr:`lease_ms`."""
+        now = self.server_time_ms()
+        out = []
+        for m, sc in self.r.zrange(self.keys.leased, 0, int(limit) - 1, withscores=True):
+            exp = sc - 0.5
+            out.append({"member": _s(m), "lease_score": f"{sc:.2f}", "expires_in_s": round((exp - now) / 1000, 3),
+                        "silent_seconds": round(max(0.0, now - (exp - self.lease_ms)) / 1000, 3)})
+        return out
 
     def inspect(self, member: str) -> dict:
         """Everything known about one route now (:func:`magpie.queue.reads.inspect`)."""

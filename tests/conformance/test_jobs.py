@@ -84,3 +84,26 @@ def test_owner_verification_deletes_an_unowned_route_only_once_it_left_the_sched
     rep = run_job("route_ownership", job_settings, engine=engine, redis=redis_client)
     assert rep["status"] == "ok" and rep["result"]["deleted"] == 1, rep
     assert jq.payloads([h]) == [None]
+
+
+def test_interval_change_converges_on_every_provider(make_queue, job_settings, redis_client, pg_url):
+    from magpie.maintenance import interval as iv
+
+    old = job_settings.schedule.interval_ms
+    q = make_queue(shards=job_settings.schedule.shards, interval_ms=old)
+    q.schedule([(f"c0nf{i:020x}", Payload(i, Route("http", "127.0.0.1", 9), f"c0nf{i:020x}", [1]).encode())
+                for i in range(30)])
+    engine = sa.create_engine(pg_url)
+    try:
+        rep = run_job("interval_respread", job_settings, engine=engine, redis=redis_client)
+        assert rep["status"] == "ok" and rep["result"]["action"] == "recorded", rep
+        new = job_settings.model_copy(update={"check_interval": old / 2000})
+        rep = run_job("interval_respread", new, engine=engine, redis=redis_client)
+        assert rep["status"] == "ok" and rep["result"]["action"] == "done", rep
+        st = iv.read_interval_state(make_queue(shards=job_settings.schedule.shards, interval_ms=old // 2))
+        assert st["effective_ms"] == old // 2 and st["converged"] and st["respreads"] == 1
+        assert st["last"]["moved"] == 30
+    finally:
+        with engine.begin() as c:
+            c.execute(sa.text("DELETE FROM maintenance_runs WHERE job = 'interval_respread'"))
+        engine.dispose()

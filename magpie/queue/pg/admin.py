@@ -304,6 +304,13 @@ class AdminPlane:
                       oldest_lateness_s=max((s["oldest_lateness_s"] for s in shards), default=0.0))
         return {"now_ms": now, "paused": bool(meta and meta[0]), "shards": shards, "totals": totals}
 
+    def dead_count(self) -> int:
+        """How many routes are dead-lettered."""
+        with self.tx() as cur:
+            cur.execute("SELECT count(*) FROM schedule_routes WHERE schedule = %s AND dead_at IS NOT NULL",
+                        (self.name,))
+            return int(cur.fetchone()[0])
+
     def in_flight(self, limit: int = 100) -> list[dict]:
         """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",
         "silent_seconds"}]``; silence counts from the last heartbeat (or the claim)."""

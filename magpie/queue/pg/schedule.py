@@ -93,6 +93,42 @@ class PgSchedule(AdminPlane, SpreadPlane):
             self._redis = redis.Redis.from_url(self._redis_url or "redis://127.0.0.1:6379/0")
         return self._redis
 
+    @property
+    def redis(self):
+        """The Redis holding what lives beside the schedule (:attr:`r`)."""
+        return self.r
+
+    @property
+    def prefix(self) -> str:
+        """The deployment's key prefix (``MAGPIE_REDIS_PREFIX``)."""
+        return self.keys.prefix
+
+    @property
+    def shards(self) -> int:
+        """The shard count (``PROXY_QUEUE_SHARDS``): lease labels and due-time ties here."""
+        return self.keys.shards
+
+    def side_key(self, name: str) -> str:
+        """Key ``name`` under the schedule's hash tag in :attr:`redis`."""
+        return self.keys.base + name
+
+    def shard_of(self, member: str) -> str:
+        """The shard label of a route (its :attr:`Lease.shard`)."""
+        return self.keys.shard_of(member)
+
+    def capacity_registry(self):
+        """The :class:`magpie.queue.capacity.CapacityRegistry` of this schedule's check engines (in Redis)."""
+        from magpie.queue.capacity import CapacityRegistry
+
+        return CapacityRegistry(self.r, self.keys)
+
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2, progress=None) -> dict:
+        """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
+        from magpie.errors import RefusedError
+
+        raise RefusedError(Refusal.UNSUPPORTED, detail="migrate-payloads serves the Redis schedule only; the "
+                                                       "PostgreSQL schedule's payloads are rewritten by an import")
+
     def close(self) -> None:
         """Close this process's database connections."""
         with self._idle_lock:
