@@ -1,6 +1,7 @@
-"""Jobs that read the schedule, run against every provider: owner verification (``route_ownership``)
-and the interval's convergence (``interval_respread``). Each job builds its own provider from the settings
-(``MAGPIE_SCHEDULE_URL``), as in production."""
+"""Jobs that read the schedule, run against every provider: owner verification (``route_ownership``),
+the interval's convergence (``interval_respread``), the schedule rebuild (``rebuild``) and orphan removal
+(``orphan_routes``). Each job builds its own provider from the settings (``MAGPIE_SCHEDULE_URL``), as in
+production."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def owners_db(pg_url):
         c.execute(sa.text("DELETE FROM route_workspaces WHERE workspace_id = ANY(:w)"), {"w": ids})
         c.execute(sa.text("DELETE FROM routes WHERE route_hash LIKE 'c0nf%'"))
         c.execute(sa.text("DELETE FROM workspaces WHERE id = ANY(:w)"), {"w": ids})
-        c.execute(sa.text("DELETE FROM maintenance_runs WHERE job = 'route_ownership'"))
+        c.execute(sa.text("DELETE FROM maintenance_runs WHERE job IN ('route_ownership', 'rebuild', "
+                          "'orphan_routes')"))
     engine.dispose()
 
 
@@ -107,3 +109,54 @@ def test_interval_change_converges_on_every_provider(make_queue, job_settings, r
         with engine.begin() as c:
             c.execute(sa.text("DELETE FROM maintenance_runs WHERE job = 'interval_respread'"))
         engine.dispose()
+
+
+def test_rebuild_restores_a_lost_schedule_on_every_provider(jq, job_settings, owners_db, redis_client):
+    engine, (A, _B) = owners_db
+    h = "c0nf" + "5" * 20
+    _route(engine, h, [A])
+    rep = run_job("rebuild", job_settings, engine=engine, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["rebuilt"] and rep["result"]["new"] == 1, rep
+    assert json.loads(jq.payload(h))["w"] == [A] and jq.score(h) is not None
+    rep = run_job("rebuild", job_settings, engine=engine, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["rebuilt"] is False, rep  # the marker is set
+
+
+def test_orphan_routes_leave_the_schedule_and_the_database_on_every_provider(jq, job_settings, owners_db,
+                                                                             redis_client, clock):
+    engine, (A, _B) = owners_db
+    orphan, owned = "c0nf" + "6" * 20, "c0nf" + "7" * 20
+    ids = {orphan: _route(engine, orphan, []), owned: _route(engine, owned, [A])}
+    jq.schedule([(h, Payload(ids[h], Route("http", "127.0.0.1", 9), h, [A]).encode()) for h in ids])
+    rep = run_job("orphan_routes", job_settings, engine=engine, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["deleted"] == 1, rep
+    assert jq.payloads([orphan, owned])[0] is None and jq.score(orphan) is None
+    assert jq.score(owned) is not None
+    with engine.connect() as c:
+        left = set(c.execute(sa.text("SELECT route_hash FROM routes WHERE route_hash LIKE 'c0nf%'")).scalars())
+    assert {x.strip() for x in left} == {owned}
+
+
+def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq, job_settings, db, redis_client,
+                                                                            tmp_path):
+    from magpie.blacklists.sources import add_source, set_policy
+    from magpie.crypto import get_keyring
+    from magpie.db.repo import upsert_routes
+    from magpie.importer.service import schedule_item
+
+    s = job_settings.model_copy(update={"enrich_allow_private": "127.0.0.0/8"})
+    rows = upsert_routes(db, get_keyring(s.encryption_key), "gamma",
+                         [Route("http", h, 8080) for h in ("127.0.0.1", "127.0.0.2")]).routes
+    jq.schedule([schedule_item(r) for r in rows])
+    listed, kept = (r.route_hash.strip() for r in sorted(rows, key=lambda r: r.route.host, reverse=True))
+    set_policy(db, "gamma", "skip")
+    source = tmp_path / "bad.txt"
+    source.write_text("127.0.0.2\n")
+    add_source(db, "local", str(source))
+    rep = run_job("blacklist_refresh", s, engine=db, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["unscheduled"] == 1, rep
+    assert jq.payloads([listed, kept])[0] is None and jq.score(kept) is not None
+    source.write_text("127.0.0.9\n")
+    rep = run_job("blacklist_refresh", s, engine=db, redis=redis_client)
+    assert rep["status"] == "ok" and rep["result"]["rescheduled"] == 1, rep
+    assert jq.score(listed) is not None
