@@ -154,10 +154,6 @@ class ScheduleProvider(Protocol):
         The PostgreSQL schedule refuses it: :class:`magpie.errors.RefusedError` ``unsupported``."""
 
 
-QueueBackend = ScheduleProvider
-"""Former name of :class:`ScheduleProvider`."""
-
-
 def create_provider(url: str | None, settings, *, redis_client=None) -> ScheduleProvider:
     """The schedule provider for ``url``.
 
