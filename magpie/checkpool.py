@@ -442,7 +442,8 @@ class CheckPool:
                 report.lease_lost += 1
                 report.stale_completions += 1
         if unmerged:
-            log.warning("owner change of %d routes refused (bad_payload); completed without it", len(unmerged))
+            log.warning("owner change of %d routes refused (bad_payload); completed without it",
+                        len(unmerged))
             self._complete_done(unmerged, None, report, entries)
         return comp.codes
 

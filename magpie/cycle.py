@@ -120,4 +120,5 @@ def take_promote_budget(queue: RouteQueue, budget: int, want: int | None = None)
 def give_back_promote_budget(queue: RouteQueue, unused: int, second: int) -> None:
     """Hand ``unused`` routes of a grant taken in ``second`` back to the bucket (only while that second
     lasts). Raises ``redis.RedisError`` when Redis is unreachable."""
-    queue.redis.register_script(_budget_text())(keys=[budget_key(queue)], args=["give", int(unused), int(second)])
+    queue.redis.register_script(_budget_text())(keys=[budget_key(queue)],
+                                                args=["give", int(unused), int(second)])

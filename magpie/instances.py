@@ -296,9 +296,9 @@ class Shares:
 
 
 def promote_shares(queue, budget: int) -> Shares:
-    """Fair shares of one promote pass on ``queue`` (a :class:`magpie.queue.provider.ScheduleProvider`) with a per-second
-    ``budget``: ``want = ceil(budget / live beats)`` and the number of live check engines. Never raises:
-    when Redis cannot tell, one beat and one engine are assumed."""
+    """Fair shares of one promote pass on ``queue`` (a :class:`magpie.queue.provider.ScheduleProvider`)
+    with a per-second ``budget``: ``want = ceil(budget / live beats)`` and the number of live check
+    engines. Never raises: when Redis cannot tell, one beat and one engine are assumed."""
     try:
         beats = InstanceRegistry(queue.redis, queue.prefix).count_live("beat")
         engines = len(queue.capacity_registry().engines())

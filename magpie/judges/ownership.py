@@ -185,7 +185,8 @@ class OwnerPlan:
     Attributes:
         desired: per finished lease, the holder's desired payload (``{"w": [...]}``) for the completion
             to apply, or None (no pending drop applies).
-        pending: per finished lease, the pending drop as read (cleared after the change by compare-and-delete).
+        pending: per finished lease, the pending drop as read (cleared after the change by
+            compare-and-delete).
     """
 
     desired: list[str | None]

@@ -103,7 +103,8 @@ class RouteQueue:
         (:func:`magpie.queue.migrate.migrate_payloads`, whose arguments, reply and errors it has)."""
         from magpie.queue.migrate import migrate_payloads
 
-        return migrate_payloads(self, cipher, encrypt=encrypt, batch=batch, retries=retries, progress=progress)
+        return migrate_payloads(self, cipher, encrypt=encrypt, batch=batch, retries=retries,
+                                progress=progress)
 
     def check_layout(self) -> None:
         """Record this schedule's shard count on first use; refuse a different one later.
@@ -280,7 +281,8 @@ class RouteQueue:
         an import and the current credentials stay. Returns ``"completed"`` or ``"removed"`` (no
         workspace left). Raises :class:`LeaseLost`, :class:`QueueError` ``gone`` or ``bad_payload``.
         """
-        code = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload]).codes[0]
+        comp = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload])
+        code = comp.codes[0]
         if code not in (COMPLETED, REMOVED):
             raise refusal(code, lease.member)
         return "removed" if code == REMOVED else "completed"
@@ -527,7 +529,8 @@ class RouteQueue:
         out = []
         for m, sc in self.r.zrange(self.keys.leased, 0, int(limit) - 1, withscores=True):
             exp = sc - 0.5
-            out.append({"member": _s(m), "lease_score": f"{sc:.2f}", "expires_in_s": round((exp - now) / 1000, 3),
+            out.append({"member": _s(m), "lease_score": f"{sc:.2f}",
+                        "expires_in_s": round((exp - now) / 1000, 3),
                         "silent_seconds": round(max(0.0, now - (exp - self.lease_ms)) / 1000, 3)})
         return out
 

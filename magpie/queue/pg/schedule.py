@@ -122,12 +122,13 @@ class PgSchedule(AdminPlane, SpreadPlane):
 
         return CapacityRegistry(self.r, self.keys)
 
-    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2, progress=None) -> dict:
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2,
+                         progress=None) -> dict:
         """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
         from magpie.errors import RefusedError
 
-        raise RefusedError(Refusal.UNSUPPORTED, detail="migrate-payloads serves the Redis schedule only; the "
-                                                       "PostgreSQL schedule's payloads are rewritten by an import")
+        raise RefusedError(Refusal.UNSUPPORTED, detail="migrate-payloads serves the Redis schedule only "
+                                                       "(MAGPIE_SCHEDULE_URL is postgresql://)")
 
     def close(self) -> None:
         """Close this process's database connections."""
@@ -453,7 +454,8 @@ class PgSchedule(AdminPlane, SpreadPlane):
             if updated is None:
                 codes[i] = int(Refusal.BAD_PAYLOAD)
             elif updated == "":
-                cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s", (self.name, le.member))
+                cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s",
+                            (self.name, le.member))
                 codes[i] = REMOVED
             elif updated != stored:
                 cur.execute("UPDATE schedule_routes SET payload = %s WHERE schedule = %s AND route = %s",
@@ -481,7 +483,8 @@ class PgSchedule(AdminPlane, SpreadPlane):
         """Complete ``lease`` and apply the worker's ownership delta to the payload as stored now
         (:meth:`complete_with_results`). Returns ``"completed"`` or ``"removed"``; raises ``LeaseLost``,
         ``gone`` or ``bad_payload``."""
-        code = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload]).codes[0]
+        comp = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload])
+        code = comp.codes[0]
         if code not in (COMPLETED, REMOVED):
             raise refusal(code, lease.member)
         return "removed" if code == REMOVED else "completed"
