@@ -1,7 +1,7 @@
 """Jobs that read the schedule, run against every provider: owner verification (``route_ownership``),
-the interval's convergence (``interval_respread``), the schedule rebuild (``rebuild``) and orphan removal
-(``orphan_routes``). Each job builds its own provider from the settings (``MAGPIE_SCHEDULE_URL``), as in
-production."""
+the interval's convergence (``interval_respread``), the schedule rebuild (``rebuild``), orphan removal
+(``orphan_routes``), the blacklist refresh, and promote's shared budget and engine shares. Each
+maintenance job builds its own provider from the settings (``MAGPIE_SCHEDULE_URL``), as in production."""
 
 from __future__ import annotations
 
@@ -160,3 +160,21 @@ def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq,
     rep = run_job("blacklist_refresh", s, engine=db, redis=redis_client)
     assert rep["status"] == "ok" and rep["result"]["rescheduled"] == 1, rep
     assert jq.score(listed) is not None
+
+
+def test_promote_shares_its_budget_and_the_engines_on_every_provider(jq, job_settings):
+    from magpie.cycle import promote_with_settings
+
+    jq.schedule([(f"c0nf{i:020x}", Payload(i, Route("http", "127.0.0.1", 9), f"c0nf{i:020x}", [1]).encode())
+                 for i in range(40)])
+    for i in range(40):
+        jq.enqueue_in(f"c0nf{i:020x}", 0)
+    registry = jq.capacity_registry()
+    registry.announce("engine-a", 10, 10_000)
+    registry.announce("engine-b", 10, 10_000)
+    messages: list = []
+    s = job_settings.model_copy(update={"promote_budget": 30})
+    claimed = promote_with_settings(jq, s, messages.append, capacity=registry.total())
+    assert claimed == 20  # capped by the engines' slots, not the budget
+    assert [len(m) for m in messages] == [15, 5]  # messages of the grant divided by the live engines
+    assert len(jq.in_flight(100)) == 20
