@@ -14,8 +14,8 @@ Invariants every provider keeps (``docs/design.md``, "The route schedule"):
 3. **No sweeper**: an expired lease is re-claimable by the next claim that meets it (claim-driven reaping);
    the claim counts the stall by the quarantine rule (below).
 4. **Cadence**: a completion schedules the next due time at ``max(previous due, now) + interval``.
-5. **Ordinary completion never writes the payload** (only the ownership delta of
-   ``complete_with_payload`` or an operator ``update`` do).
+5. **Ordinary completion never writes the payload** (only a holder's ownership delta, ``desired`` of
+   ``complete_with_results`` or ``complete_with_payload``, or an operator ``update`` do).
 6. **Nothing is lost**: every imported route is scheduled, leased, dead-lettered, or removed on purpose.
 7. **Due order**: claims come in due-time order (ties: shard, then route hash).
 
@@ -70,8 +70,12 @@ class ScheduleProvider(Protocol):
     def complete(self, leases: Sequence[Lease], interval_ms: int | None = None) -> list[int]:
         """Finish cycles (next due = max(previous due, now) + interval); one code per lease."""
     def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
-                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
-        """Complete and record each completed lease's result (stream entry fields) iff it completed."""
+                              stream: StreamTarget | None, interval_ms: int | None = None,
+                              desired: Sequence[str | None] | None = None) -> Completion:
+        """Complete and record each completed lease's result (stream entry fields) iff it completed, under
+        the stream's bound and overflow policy, in one atomic step. ``desired[i]``: the holder's ownership
+        change for lease ``i`` (only its delta is applied to the payload as stored now; with no owner left
+        the route is removed, code ``REMOVED``, and records no result)."""
     def complete_one(self, lease: Lease) -> None:
         """Complete one lease; raises the refusal."""
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
