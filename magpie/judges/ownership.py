@@ -244,8 +244,8 @@ class OwnerChanges:
         for (le, _, _), want, raw, code in zip(done, plan.desired, plan.pending, codes):
             if want is None or code not in (COMPLETED, REMOVED):
                 if want is not None:
-                    log.warning("owner change of %s not applied (code %s); it waits for the next cycle",
-                                le.member, code)
+                    log.debug("owner change of %s not applied (code %s); it waits for the next cycle",
+                              le.member, code)
                 continue
             self.applied += 1
             if code == REMOVED:
