@@ -1,34 +1,78 @@
 -- complete.lua: finish leased cycles, schedule each route's next due time and, in the same atomic step,
--- append each completed route's result to the results stream. Never writes a payload.
+-- apply the holders' ownership changes and append each completed route's result to the results stream.
 -- Preludes: lib.lua, stats_floor.lua.
 -- KEYS: schedule keys; with a stream policy, KEYS[9] is the results stream; then the shard key of item i.
 -- ARGV[1] clock override, ARGV[2] interval ms, ARGV[3] stream policy ('' = no stream, 'evict_oldest',
 -- 'drop_new', or 'refuse': change nothing when the results do not fit), ARGV[4] stream bound (unconsumed
--- entries), ARGV[5] consumer group, then per item: member, lease score, previous score (before the claim),
--- field count f, then f field/value pairs flattened (f = 0: no result for this item).
+-- entries), ARGV[5] consumer group, ARGV[6] payload key prefix, ARGV[7] logs key prefix, then per item:
+-- member, lease score, previous score (before the claim), owner-change count c (0, or 2 followed by the
+-- holder's original payload and its desired payload), field count f, then f field/value pairs flattened
+-- (f = 0: no result for this item).
 -- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall and retry
--- counts ("in a row" ends here). A result is appended if and only if its lease completed.
--- Returns { dropped, trimmed, full, code_1..code_n, id_1..id_n }: code 1 completed, R_LEASE_LOST (stale
--- holder; nothing changed) or R_GONE; id the stream id or '' (not completed, no result, or dropped by the
--- policy); full = 1 when 'refuse' found no room (then nothing changed but the trimming of consumed entries).
+-- counts ("in a row" ends here). A result is appended if and only if its lease completed. An ownership
+-- change applies only the holder's delta (workspace ids removed or added between its original and desired
+-- payloads, JSON of any encoding: only their "w" lists are read) to the payload as stored now, so
+-- workspaces an import added meanwhile and the current credentials stay; ordinary items never write the
+-- payload. When no workspace is left the route is removed and its result is not appended.
+-- Returns { dropped, trimmed, full, code_1..code_n, id_1..id_n }: code 1 completed, 2 removed,
+-- R_LEASE_LOST (stale holder; nothing changed), R_GONE or R_BAD_PAYLOAD (a payload shape the ownership
+-- change cannot merge; nothing changed for that item); id the stream id or '' (not completed, no result,
+-- or dropped by the policy); full = 1 when 'refuse' found no room (then nothing changed but the trimming
+-- of consumed entries).
 local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
 local policy, maxlen, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
+local payload_prefix, logs_prefix = ARGV[6], ARGV[7]
 local stream = nil
 local off = NCORE
 if policy ~= '' then stream = KEYS[NCORE + 1]; off = NCORE + 1 end
 local n = #KEYS - off
 
--- items: member, lease, prev, and where their fields start in ARGV
+-- items: member, lease, prev, the ownership change, and where their fields start in ARGV
 local items = {}
-local pos = 6
+local pos = 8
 for i = 1, n do
-  local nf = tonumber(ARGV[pos + 3])
-  items[i] = { member = ARGV[pos], lease = ARGV[pos + 1], prev = tonumber(ARGV[pos + 2]), nf = nf, at = pos + 4 }
-  pos = pos + 4 + 2 * nf
+  local it = { member = ARGV[pos], lease = ARGV[pos + 1], prev = tonumber(ARGV[pos + 2]) }
+  local nc = tonumber(ARGV[pos + 3])
+  if nc > 0 then it.orig, it.want = ARGV[pos + 4], ARGV[pos + 5] end
+  pos = pos + 4 + nc
+  it.nf = tonumber(ARGV[pos])
+  it.at = pos + 1
+  pos = pos + 1 + 2 * it.nf
+  items[i] = it
 end
 
--- fence: one ZMSCORE per shard
+-- the "w" ids of a holder's payload in any JSON encoding, as a set; nil when it has none
+local function ws_set(text)
+  local ok, doc = pcall(cjson.decode, text)
+  if not ok or type(doc) ~= 'table' or type(doc['w']) ~= 'table' then return nil end
+  local set = {}
+  for _, v in pairs(doc['w']) do
+    local id = tonumber(v)
+    if not id then return nil end
+    set[id] = true
+  end
+  return set
+end
+
+-- the payload stored now with the holder's delta applied: new text ('' when no workspace is left), or nil
+local function owner_delta(cur, orig_text, want_text)
+  local head, have = split_w(cur)
+  local orig, want = ws_set(orig_text), ws_set(want_text)
+  if not head or not orig or not want then return nil end
+  local _, list = id_list(have)
+  local result, seen = {}, {}
+  for _, v in ipairs(list) do
+    if not (orig[v] and not want[v]) then result[#result + 1] = v; seen[v] = true end
+  end
+  for v in pairs(want) do
+    if not orig[v] and not seen[v] then result[#result + 1] = v; seen[v] = true end
+  end
+  if #result == 0 then return '' end
+  return join_w(head, result)
+end
+
+-- fence: one ZMSCORE per shard; an ownership change is merged here (reads only)
 local groups, order = {}, {}
 for i = 1, n do
   local shard = KEYS[off + i]
@@ -48,9 +92,24 @@ for _, shard in ipairs(order) do
     elseif seen[it.member] or tonumber(cur) ~= tonumber(it.lease) then
       res[i] = R_LEASE_LOST  -- a second lease for the same route in one call: only the first can be current
     else
-      seen[it.member] = true
       res[i] = 1
-      if it.nf > 0 then results = results + 1 end
+      if it.orig then
+        local stored = redis.call('GET', payload_prefix .. it.member)
+        if not stored then
+          res[i] = R_GONE
+        else
+          local updated = owner_delta(stored, it.orig, it.want)
+          if not updated then
+            res[i] = R_BAD_PAYLOAD
+          elseif updated == '' then
+            res[i] = 2
+          elseif updated ~= stored then
+            it.updated = updated
+          end
+        end
+      end
+      if res[i] > 0 then seen[it.member] = true end
+      if res[i] == 1 and it.nf > 0 then results = results + 1 end
     end
   end
 end
@@ -63,18 +122,25 @@ if stream and results > 0 then
   if full then return { 0, trimmed, 1 } end
 end
 
--- reschedule and append
+-- reschedule (or remove) and append
 local done, hargs = {}, {}
 for _, shard in ipairs(order) do
   local zargs, low = {}, nil
   for _, i in ipairs(groups[shard]) do
+    local it = items[i]
     if res[i] == 1 then
-      local base = math.floor(items[i].prev)
+      local base = math.floor(it.prev)
       if now > base then base = now end
       if not low or base + interval < low then low = base + interval end
       zargs[#zargs + 1] = base + interval
-      zargs[#zargs + 1] = items[i].member
-      done[#done + 1] = items[i].member
+      zargs[#zargs + 1] = it.member
+      done[#done + 1] = it.member
+      if it.updated then redis.call('SET', payload_prefix .. it.member, it.updated) end
+    elseif res[i] == 2 then
+      redis.call('ZREM', shard, it.member)
+      redis.call('DEL', payload_prefix .. it.member)
+      forget(it.member, logs_prefix)
+      unlease({ it.member })
     end
   end
   if #zargs > 0 then

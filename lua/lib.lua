@@ -12,8 +12,8 @@ local R_LEASE_LOST, R_GONE, R_PAYLOAD_CHANGED, R_BAD_PAYLOAD, R_LEASED = -1, -2,
 local R_DEAD, R_NOT_DEAD, R_ACTIVE_LEASES, R_NOT_PAUSED, R_LAYOUT_MISMATCH = -6, -7, -8, -9, -10
 -- refusals raised by Python only, listed so the table stays whole: rotators
 local R_PORT_TAKEN, R_RANGE_EXHAUSTED, R_NO_SUCH_WORKSPACE = -11, -12, -13
--- nothing claimable (the claim command)
-local R_EMPTY = -14
+-- nothing claimable (the claim command); an operation the provider does not serve
+local R_EMPTY, R_UNSUPPORTED = -14, -15
 
 -- Redis server clock in Unix ms; a positive override is accepted for deterministic tests only.
 local function clock(override)

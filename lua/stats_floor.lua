@@ -1,5 +1,5 @@
--- stats_floor.lua: prelude of stats_publish.lua and stats_trim.lua, prepended by magpie/stats/scripts.py
--- and complete.lua (not run on its own).
+-- stats_floor.lua: prelude of stats_trim.lua (prepended by magpie/stats/scripts.py), complete.lua and the
+-- PostgreSQL schedule's outbox relay (not run on its own).
 -- consumed_floor(key, group): the replay floor of consumer group `group` on stream `key`: the oldest
 -- pending entry's id, or, with nothing pending, the id right after the last delivered entry. Every entry
 -- below it is acknowledged (consumed). Returns nil when the stream or the group does not exist.

@@ -59,7 +59,8 @@ from magpie.backoff import Backoff
 from magpie.checker.check import LoopThread
 from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
-from magpie.queue import COMPLETED, Lease, Payload, PayloadError, RouteQueue
+from magpie.errors import Refusal
+from magpie.queue import COMPLETED, REMOVED, Lease, Payload, PayloadError, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.stats.entry import entry_fields
@@ -167,13 +168,15 @@ class CheckPool:
             checks are alone in this process only (tests, one-shot runs).
         timings: optional ``timings(samples)`` with the leases started since the last flush, each a
             :class:`StartTiming`; called on an I/O thread (metrics), never on the loop.
+        owner_changes: the pending ownership changes (:class:`magpie.judges.ownership.OwnerChanges`),
+            applied by each flush's completion call; None applies none.
     """
 
     def __init__(self, queue: RouteQueue, engine: CheckEngine, stream: StreamTarget, *, capacity: int,
                  renew_below_ms: float, backoff: Backoff | None = None, registry: CapacityRegistry | None = None,
                  record: Record | None = None, complete_interval: float = 0.1, heartbeat: float = 2.0,
                  payload_cipher=None,
-                 block_timeout: float = 2.0, quarantine=None,
+                 block_timeout: float = 2.0, quarantine=None, owner_changes=None,
                  timings: Callable[[list[StartTiming]], object] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
@@ -190,7 +193,7 @@ class CheckPool:
         self.payload_cipher = payload_cipher
         self.quarantine = quarantine
         self.timings = timings
-        self.owner_changes = None  # optional: applies pending owner drops at flush (magpie.judges.ownership)
+        self.owner_changes = owner_changes
         self.complete_interval = float(complete_interval)
         self.heartbeat = float(heartbeat)
         self.instance = f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
@@ -400,9 +403,7 @@ class CheckPool:
                 return
             try:
                 async with asyncio.timeout(self._guard_s):  # last guard: the engine's deadlines come first
-                    by_payload = getattr(self.engine, "check_payload", None)  # owners' profiles (magpie.judges)
-                    res = await (by_payload(payload, before_attempt=lambda _n: not le.cancelled) if by_payload
-                                 else self.engine.check(payload.route, before_attempt=lambda _n: not le.cancelled))
+                    res = await self.engine.check_payload(payload, before_attempt=lambda _n: not le.cancelled)
             except asyncio.CancelledError:
                 if self._closing:
                     self._handback.append(le)
@@ -504,38 +505,58 @@ class CheckPool:
             return
         await self._in_io(self._flush_sync, done, retry, handback, counts)
 
-    def _complete(self, leases: list[Lease], results: list[dict[str, str]]) -> Completion:
-        """One atomic completion + append; the ``block`` policy waits for room, then drops new results."""
+    def _complete(self, leases: list[Lease], results: list[dict[str, str]],
+                  desired: list[str | None] | None = None) -> Completion:
+        """One atomic completion + ownership changes + append; the ``block`` policy waits for room, then
+        drops new results."""
         if self.stream.policy != "block":
-            return self.queue.complete_with_results(leases, results, self.stream)
+            return self.queue.complete_with_results(leases, results, self.stream, desired=desired)
         deadline = time.monotonic() + self.block_timeout
         waiting = dataclasses.replace(self.stream, policy="refuse")
         while True:
-            comp = self.queue.complete_with_results(leases, results, waiting)
+            comp = self.queue.complete_with_results(leases, results, waiting, desired=desired)
             if not comp.full:
                 return comp
             if time.monotonic() >= deadline:
                 return self.queue.complete_with_results(leases, results,
-                                                        dataclasses.replace(self.stream, policy="drop_new"))
+                                                        dataclasses.replace(self.stream, policy="drop_new"),
+                                                        desired=desired)
             time.sleep(0.05)
+
+    def _complete_done(self, chunk: list, desired: list[str | None] | None, report: BatchReport,
+                       entries: list[dict[str, str]]) -> list[int]:
+        """Complete the ``(lease, payload, result)`` triples of ``chunk``; counts into ``report``, stream
+        entries into ``entries``. A lease whose ownership change cannot merge completes without it."""
+        results = [result_entry(payload, res) for _, payload, res in chunk]
+        comp = self._complete([le for le, _, _ in chunk], results, desired)
+        report.dropped += comp.dropped
+        unmerged = []
+        for item, fields, code, stream_id in zip(chunk, results, comp.codes, comp.ids):
+            if code == COMPLETED:
+                report.completed += 1
+                if stream_id:
+                    entries.append(fields)
+            elif code == REMOVED:
+                report.completed += 1
+            elif code == Refusal.BAD_PAYLOAD and desired is not None:
+                unmerged.append(item)
+            else:
+                report.lease_lost += 1
+                report.stale_completions += 1
+        if unmerged:
+            log.warning("owner change of %d routes refused (bad_payload); completed without it",
+                        len(unmerged))
+            self._complete_done(unmerged, None, report, entries)
+        return comp.codes
 
     def _flush_sync(self, done, retry, handback, report: BatchReport) -> None:
         entries: list[dict[str, str]] = []
-        if self.owner_changes is not None:
-            done = self.owner_changes(done, report)  # fenced owner changes; the rest completes below
         for i in range(0, len(done), _COMPLETE_CHUNK):
             chunk = done[i: i + _COMPLETE_CHUNK]
-            results = [result_entry(payload, res) for _, payload, res in chunk]
-            comp = self._complete([le for le, _, _ in chunk], results)
-            report.dropped += comp.dropped
-            for fields, code, stream_id in zip(results, comp.codes, comp.ids):
-                if code == COMPLETED:
-                    report.completed += 1
-                    if stream_id:
-                        entries.append(fields)
-                else:
-                    report.lease_lost += 1
-                    report.stale_completions += 1
+            plan = self.owner_changes.plan(chunk) if self.owner_changes is not None else None
+            codes = self._complete_done(chunk, plan.desired if plan else None, report, entries)
+            if plan is not None:
+                self.owner_changes.settle(chunk, plan, codes)
         for le in retry:
             try:
                 self.queue.retry(le, self.backoff.delay(le.retry_attempts + 1))

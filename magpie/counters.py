@@ -1,4 +1,4 @@
-"""Producer-side counters: what check workers and the stats producer count, kept in one Redis hash.
+"""Producer-side counters: what check workers count (checks, results dropped), kept in one Redis hash.
 
 Producers never touch a Prometheus registry. They add to ``<prefix>metrics:counters`` in a single
 pipelined round trip per check batch (:func:`record_check_batch`, :func:`count_stats_drops`); counters in

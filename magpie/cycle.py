@@ -114,7 +114,7 @@ def _budget_text() -> str:
 
 def budget_key(queue: RouteQueue) -> str:
     """Key of promote's per-second budget bucket, under the schedule's hash tag."""
-    return queue.keys.base + "promote_budget"
+    return queue.side_key("promote_budget")
 
 
 def take_promote_budget(queue: RouteQueue, budget: int, want: int | None = None) -> tuple[int, int]:
@@ -123,7 +123,7 @@ def take_promote_budget(queue: RouteQueue, budget: int, want: int | None = None)
     ``budget`` between them.
 
     Raises ``redis.RedisError`` when Redis is unreachable."""
-    granted, second = queue.r.register_script(_budget_text())(
+    granted, second = queue.redis.register_script(_budget_text())(
         keys=[budget_key(queue)], args=["take", int(budget if want is None else want), int(budget)])
     return int(granted), int(second)
 
@@ -131,4 +131,5 @@ def take_promote_budget(queue: RouteQueue, budget: int, want: int | None = None)
 def give_back_promote_budget(queue: RouteQueue, unused: int, second: int) -> None:
     """Hand ``unused`` routes of a grant taken in ``second`` back to the bucket (only while that second
     lasts). Raises ``redis.RedisError`` when Redis is unreachable."""
-    queue.r.register_script(_budget_text())(keys=[budget_key(queue)], args=["give", int(unused), int(second)])
+    queue.redis.register_script(_budget_text())(keys=[budget_key(queue)],
+                                                args=["give", int(unused), int(second)])

@@ -46,6 +46,8 @@ class Refusal(enum.IntEnum):
     """The named workspace does not exist."""
     EMPTY = -14
     """Nothing is claimable now (``magpie queue claim``)."""
+    UNSUPPORTED = -15
+    """The schedule provider does not serve the operation (a Redis-only one on the PostgreSQL schedule)."""
 
     @property
     def label(self) -> str:

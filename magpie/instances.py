@@ -296,14 +296,12 @@ class Shares:
 
 
 def promote_shares(queue, budget: int) -> Shares:
-    """Fair shares of one promote pass on ``queue`` (:class:`magpie.queue.RouteQueue`) with a per-second
-    ``budget``: ``want = ceil(budget / live beats)`` and the number of live check engines. Never raises:
-    when Redis cannot tell, one beat and one engine are assumed."""
-    from magpie.queue.capacity import CapacityRegistry
-
+    """Fair shares of one promote pass on ``queue`` (a :class:`magpie.queue.provider.ScheduleProvider`)
+    with a per-second ``budget``: ``want = ceil(budget / live beats)`` and the number of live check
+    engines. Never raises: when Redis cannot tell, one beat and one engine are assumed."""
     try:
-        beats = InstanceRegistry(queue.r, queue.keys.prefix).count_live("beat")
-        engines = len(CapacityRegistry(queue.r, queue.keys).engines())
+        beats = InstanceRegistry(queue.redis, queue.prefix).count_live("beat")
+        engines = len(queue.capacity_registry().engines())
     except redis_lib.RedisError:
         beats, engines = 1, 1
     return Shares(fair_share(budget, beats), max(1, engines), max(1, beats))

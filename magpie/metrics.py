@@ -1,6 +1,6 @@
 """The Prometheus exporter: a collector that reads magpie's state at scrape time.
 
-The write side is elsewhere: check workers and the stats producer only add to Redis counters
+The write side is elsewhere: check workers only add to Redis counters
 (:mod:`magpie.counters`). The exporter (:class:`MagpieCollector`) composes the read functions each owner
 exposes, and adds nothing of its own to what they return:
 

@@ -55,9 +55,7 @@ def engine():
 
 def capacity_registry():
     """The :class:`magpie.queue.capacity.CapacityRegistry` of this deployment's schedule."""
-    from magpie.queue.capacity import CapacityRegistry
-
-    return _get("capacity", lambda: CapacityRegistry(redis_client(), route_queue().keys))
+    return _get("capacity", lambda: route_queue().capacity_registry())
 
 
 def check_pool():
@@ -78,7 +76,6 @@ def check_pool():
         from magpie.queue.quarantine import QuarantineSlot
         from magpie.queue.completion import StreamTarget
         from magpie.queue.payload import read_cipher
-        from magpie.stats.keys import GROUP, stream_key
 
         s = settings()
         checks, stream, prefix = s.checks, s.stream, s.redis_prefix
@@ -95,13 +92,13 @@ def check_pool():
 
         pool = CheckPool(
             route_queue(), profiled_engine(s, engine(), r),
-            StreamTarget(stream_key(prefix), GROUP, stream.maxlen, stream.overflow), block_timeout=stream.block_timeout,
+            StreamTarget.from_settings(s), block_timeout=stream.block_timeout,
             capacity=checks_within_fd_limit(checks.checks_per_process), renew_below_ms=checks.renew_below_ms,
             backoff=Backoff("exponential", checks.retry_base_ms, checks.retry_cap_ms, 2.0, "full"),
             registry=capacity_registry(), record=record, timings=timings,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
-            payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix))
-        pool.owner_changes = OwnerChanges(pool.queue, pool.stream, r, prefix)
+            payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix),
+            owner_changes=OwnerChanges(r, prefix))
         return pool.start()
 
     return _get("check_pool", build)

@@ -72,3 +72,15 @@ def checked_until(procs, db, settings, log_path, stop: Callable, workspace: str 
         for p in procs:
             stop(p)
     return rows
+
+
+def append_entries(redis, prefix: str, entries) -> list[str]:
+    """Append result entries (field dicts) to the results stream of ``prefix`` with plain ``XADD`` (one
+    pipeline), unbounded: for tests of the readers. Check workers append through the schedule's
+    completion, which applies the bound and the overflow policy. Returns the new stream ids."""
+    from magpie.stats.keys import stream_key
+
+    pipe = redis.pipeline(transaction=False)
+    for fields in entries:
+        pipe.xadd(stream_key(prefix), fields)
+    return [i.decode() if isinstance(i, bytes) else i for i in pipe.execute()]

@@ -142,7 +142,6 @@ def queue_migrate_payloads(state: CliState, encrypt: bool | None, batch: int, as
     live lease or changed by a concurrent import is left for the next run (counted as deferred)."""
     import sys
 
-    from magpie.queue.migrate import migrate_payloads
     from magpie.queue.payload import read_cipher
 
     if encrypt is None:
@@ -157,8 +156,8 @@ def queue_migrate_payloads(state: CliState, encrypt: bool | None, batch: int, as
                    nl=False)
 
     try:
-        counts = migrate_payloads(state.queue, read_cipher(state.settings), encrypt=encrypt, batch=batch,
-                                  progress=progress if live else None)
+        counts = state.queue.migrate_payloads(read_cipher(state.settings), encrypt=encrypt, batch=batch,
+                                              progress=progress if live else None)
     finally:
         if live:
             click.echo("", err=True)
@@ -240,7 +239,7 @@ def queue_respread(state: CliState, as_json: bool) -> None:
     from magpie.maintenance.interval import LOCK, respread_now
 
     q = state.queue
-    with LeaderLock(q.r, state.settings.redis_prefix, LOCK, ttl_ms=60_000).hold() as lost:
+    with LeaderLock(q.redis, state.settings.redis_prefix, LOCK, ttl_ms=60_000).hold() as lost:
         result = ({"skipped": "another respread holds the leader lock"} if lost is None
                   else respread_now(q, batch=state.settings.respread_batch))
     _emit(as_json, result)

@@ -105,9 +105,7 @@ def register(group: click.Group) -> None:
     @pass_state
     def queue_in_flight(state: CliState, limit: int, as_json: bool) -> None:
         """Outstanding leases, soonest expiry first, with seconds since the holder's last heartbeat."""
-        from magpie.queue.provider import in_flight
-
-        rows = in_flight(state.queue, limit)
+        rows = state.queue.in_flight(limit)
         if as_json:
             echo_json({"ok": True, "result": rows})
             return

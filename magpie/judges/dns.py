@@ -102,13 +102,6 @@ class DnsCache:
             self._entries.popitem(last=False)
             self.evictions += 1
 
-    def peek(self, host: str) -> list[str] | None:
-        """The cached, fresh addresses of ``host`` without resolving or counting (None: not cached)."""
-        hit = self._entries.get(host.lower())
-        if hit is None or self._clock() >= hit[0]:
-            return None
-        return hit[1]
-
     def stats(self) -> dict[str, int]:
         """Counters and size (see the module doc)."""
         return {"hits": self.hits, "misses": self.misses, "negative_hits": self.negative_hits,

@@ -13,17 +13,19 @@ Three steps, none of them on a check's path:
    workspace ids); owners PostgreSQL has and Redis lacks are merged back through the import's own
    schedule merge. A route no workspace owns that has left Redis is deleted from PostgreSQL.
 3. **Application** (the check pool, :class:`OwnerChanges`): when a leased route with a pending drop
-   finishes its check, its lease completes through the fenced ``complete_with_payload`` (only the delta is
-   applied to the payload as stored now, so workspaces a concurrent import added stay) or, when no owner
-   is left, the fenced removal, which refuses when an import changed the payload after the claim; the
-   completion then applies the delta instead and the route stays with the import's owners. The pending
-   drop is cleared only if unchanged meanwhile (compare-and-delete). One ``HMGET`` per completion flush.
+   finishes its check, its lease completes in the pool's one fenced completion call with the other
+   finished leases, carrying the desired owners: only the delta is applied to the payload as stored now
+   (workspaces a concurrent import added stay, and the route stays with them), a route left without
+   owners is removed, and the results are appended in the same script call under the stream's bound and
+   overflow policy. The pending drop is cleared only if unchanged meanwhile (compare-and-delete). One
+   ``HMGET`` per completion flush.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 
@@ -87,15 +89,6 @@ def with_owners(payload: str, owners) -> str:
     return head + sep + json.dumps(sorted(set(owners)), separators=(",", ":")) + "}" if sep else payload
 
 
-def read_payloads(queue, members: list[str]) -> list:
-    """The stored payloads of ``members`` (None where missing): one ``MGET`` on the Redis schedule, one
-    read per route on another provider."""
-    keys = getattr(queue, "keys", None)
-    if keys is not None and hasattr(keys, "payload") and hasattr(queue, "r"):
-        return queue.r.mget([keys.payload(m) for m in members])
-    return [queue.payload(m) for m in members]
-
-
 def schedule_of(ctx: JobContext):
     """The deployment's schedule provider (Redis or PostgreSQL, ``MAGPIE_SCHEDULE_URL``)."""
     from magpie.queue.provider import create_provider
@@ -109,7 +102,7 @@ def verify_routes(ctx: JobContext, rows, queue) -> dict:
     if not rows:
         return out
     members = [h.strip() for _, h in rows]
-    payloads = read_payloads(queue, members)  # the schedule first
+    payloads = queue.payloads(members)  # the schedule first
     with ctx.engine.connect() as conn:
         owners = dict(conn.execute(sa.text(_OWNERS), {"ids": [r[0] for r in rows]}).all())
     key = drops_key(ctx.settings.redis_prefix)
@@ -185,105 +178,87 @@ class RouteOwnershipJob(Job):
         return {**total, "complete": False}
 
 
+@dataclass(slots=True)
+class OwnerPlan:
+    """The ownership changes of one completion flush (:meth:`OwnerChanges.plan`).
+
+    Attributes:
+        desired: per finished lease, the holder's desired payload (``{"w": [...]}``) for the completion
+            to apply, or None (no pending drop applies).
+        pending: per finished lease, the pending drop as read (cleared after the change by
+            compare-and-delete).
+    """
+
+    desired: list[str | None]
+    pending: list
+
+
 class OwnerChanges:
-    """Step 3 of the module doc, called by the check pool at each completion flush.
+    """Step 3 of the module doc: the check pool's collaborator at each completion flush.
+
+    The pool asks :meth:`plan` for the desired payloads of its finished leases, completes them all in its
+    one atomic completion call (``complete_with_results`` with ``desired``: the fenced completion applies
+    the ownership delta, or removes a route left without owners, and appends the results under the
+    stream's bound and overflow policy), then hands the codes to :meth:`settle`.
 
     Args:
-        queue: the schedule provider the leases come from (Redis or PostgreSQL).
-        stream: the results stream (:class:`magpie.queue.completion.StreamTarget`) a completed route's
-            result is appended to (after the completion; dropped when the stream is at its bound).
-        redis: client on the Redis holding the pending drops and the stream.
+        redis: client on the Redis holding the pending drops.
         prefix: key prefix (``MAGPIE_REDIS_PREFIX``).
     """
 
-    def __init__(self, queue, stream, redis, prefix: str) -> None:
-        self.queue = queue
-        self.stream = stream
+    def __init__(self, redis, prefix: str) -> None:
         self.r = redis
         self.key = drops_key(prefix)
         self.applied = self.removed = self.kept_by_import = 0
 
-    def __call__(self, done: list, report) -> list:
-        """Apply pending drops to the leases of ``done`` (``(lease, payload, result)`` triples) that
-        have one; returns the others, which the pool completes as usual. Counts go to ``report``."""
-        from magpie.errors import Refusal
-        from magpie.queue import QueueError
-
+    def plan(self, done: list) -> OwnerPlan | None:
+        """The ownership changes of ``done`` (``(lease, payload, result)`` triples): one ``HMGET``. None
+        when no pending drop applies (or Redis is away: the drops wait a cycle). A pending drop that
+        names none of the lease's owners is cleared at once."""
         if not done:
-            return done
-        r = self.r
-        key = self.key
+            return None
         try:
-            pending = r.hmget(key, [le.member for le, _, _ in done])
+            pending = self.r.hmget(self.key, [le.member for le, _, _ in done])
         except Exception:  # noqa: BLE001 - Redis trouble: complete as usual, the drop waits a cycle
-            return done
+            return None
         if not any(pending):
-            return done
-        rest = []
-        for item, raw in zip(done, pending):
-            if raw is None:
-                rest.append(item)
+            return None
+        desired: list[str | None] = []
+        for (le, payload, _), raw in zip(done, pending):
+            want = None
+            if raw is not None:
+                drop = _ids(raw)
+                keep = [w for w in payload.workspaces if w not in drop]
+                if len(keep) == len(payload.workspaces):
+                    self._clear(le.member, raw)
+                else:
+                    want = json.dumps({"w": keep})  # the merge reads only "w", in any JSON encoding
+            desired.append(want)
+        return OwnerPlan(desired, list(pending)) if any(d is not None for d in desired) else None
+
+    def settle(self, done: list, plan: OwnerPlan, codes: list[int]) -> None:
+        """After the completion of ``done`` with ``plan``: clear the applied drops (only if unchanged
+        meanwhile) and count them. A refused lease keeps its drop for its next cycle."""
+        from magpie.queue import COMPLETED, REMOVED
+
+        for (le, _, _), want, raw, code in zip(done, plan.desired, plan.pending, codes):
+            if want is None or code not in (COMPLETED, REMOVED):
+                if want is not None:
+                    log.debug("owner change of %s not applied (code %s); it waits for the next cycle",
+                              le.member, code)
                 continue
-            le, payload, res = item
-            drop = _ids(raw)
-            want = [w for w in payload.workspaces if w not in drop]
-            if len(want) == len(payload.workspaces):
-                r.eval(_CAD, 1, key, le.member, raw)
-                rest.append(item)
-                continue
-            try:
-                outcome = self._apply(le, want)
-            except QueueError as exc:
-                if exc.code in (Refusal.LEASE_LOST, Refusal.GONE):
-                    report.lease_lost += 1  # nothing to complete any more
-                    continue
-                log.warning("owner change of %s refused (%s); completed without it", le.member, exc)
-                rest.append(item)
-                continue
-            except Exception as exc:  # noqa: BLE001 - Redis trouble: complete as usual, the drop waits
-                log.debug("owner change of %s not applied: %s", le.member, exc)
-                rest.append(item)
-                continue
-            r.eval(_CAD, 1, key, le.member, raw)
-            report.completed += 1
             self.applied += 1
-            if outcome == "removed":
+            if code == REMOVED:
                 self.removed += 1
-            else:
-                self._publish(payload, res, report)
-        return rest
+            elif not json.loads(want)["w"]:
+                self.kept_by_import += 1  # an import added an owner after the claim: the route stays
+            self._clear(le.member, raw)
 
-    def _apply(self, le, want: list[int]) -> str:
-        from magpie.errors import Refusal
-        from magpie.queue import QueueError
-
-        desired = json.dumps({"w": want})  # the merge reads only "w", in any JSON encoding
-        if not want:
-            try:
-                self.queue.remove(le)
-                return "removed"
-            except QueueError as exc:
-                if exc.code is not Refusal.PAYLOAD_CHANGED:
-                    raise
-                self.kept_by_import += 1  # an import changed it after the claim: apply the delta only
-        return self.queue.complete_with_payload(le, desired)
-
-    def _publish(self, payload, res, report) -> None:
-        from magpie.judges.failures import OWNERS_FIELD
-        from magpie.stats.entry import entry_fields
-
-        fields = entry_fields(res, payload.route_id, payload.route_hash)
-        if res.owners:
-            fields[OWNERS_FIELD] = res.owners
-        r = self.r
+    def _clear(self, member: str, raw) -> None:
         try:
-            if r.xlen(self.stream.key) >= self.stream.maxlen:
-                report.dropped += 1
-                return
-            r.xadd(self.stream.key, fields)
-        except Exception:  # noqa: BLE001 - the route completed; its result is lost, not its schedule
-            log.warning("result of %s not published after its owner change", payload.route_hash)
-            report.dropped += 1
+            self.r.eval(_CAD, 1, self.key, member, raw)
+        except Exception:  # noqa: BLE001 - the next flush clears it
+            log.debug("pending drop of %s not cleared", member)
 
 
 JOB = RouteOwnershipJob()

@@ -36,14 +36,9 @@ _RUN_FIELDS = ("run", "target_ms", "from_ms", "total", "started_ms", "shard", "c
                "held")
 
 
-def supports(queue) -> bool:
-    """True when ``queue`` can run a tracked respread (the Redis schedule: ``respread_batch`` and a client)."""
-    return hasattr(queue, "respread_batch") and hasattr(queue, "route_count") and hasattr(queue, "r")
-
-
 def interval_key(queue) -> str:
     """The stored-interval hash of ``queue``'s schedule (inside its hash tag)."""
-    return queue.keys.base + "proxy_interval"
+    return queue.side_key("proxy_interval")
 
 
 def _text(v) -> str:
@@ -51,7 +46,7 @@ def _text(v) -> str:
 
 
 def _read(queue) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in queue.r.hgetall(interval_key(queue)).items()}
+    return {_text(k): _text(v) for k, v in queue.redis.hgetall(interval_key(queue)).items()}
 
 
 def read_interval_state(queue) -> dict:
@@ -63,7 +58,7 @@ def read_interval_state(queue) -> dict:
         "running": {"target_ms", "from_ms", "shard", "shards", "placed", "total", "moved", "leased",
         "started_ms", "percent"} | None}`` (times Unix ms).
     """
-    st = _read(queue) if supports(queue) else {}
+    st = _read(queue)
     eff = int(st["effective_ms"]) if "effective_ms" in st else None
     running = None
     if "run" in st:
@@ -71,7 +66,7 @@ def read_interval_state(queue) -> dict:
         placed = int(st.get("placed", 0))
         running = {
             "target_ms": int(st["target_ms"]), "from_ms": int(st["from_ms"]) if st.get("from_ms") else None,
-            "shard": int(st.get("shard", 0)), "shards": queue.keys.shards, "placed": placed, "total": total,
+            "shard": int(st.get("shard", 0)), "shards": queue.shards, "placed": placed, "total": total,
             "moved": int(st.get("moved", 0)), "leased": int(st.get("held", 0)),
             "started_ms": int(st.get("started_ms", 0)),
             "percent": round(100.0 * min(placed, total) / total, 1) if total else 100.0,
@@ -91,8 +86,8 @@ def record_effective(queue, interval_ms: int | None = None, *, only_if_missing: 
     ms = int(interval_ms or queue.interval_ms)
     key = interval_key(queue)
     if only_if_missing:
-        return bool(queue.r.hsetnx(key, "effective_ms", ms))
-    queue.r.hset(key, "effective_ms", ms)
+        return bool(queue.redis.hsetnx(key, "effective_ms", ms))
+    queue.redis.hset(key, "effective_ms", ms)
     return True
 
 
@@ -101,7 +96,7 @@ def start_run(queue, target_ms: int) -> str:
     st = _read(queue)
     token = uuid.uuid4().hex
     key = interval_key(queue)
-    pipe = queue.r.pipeline(transaction=True)
+    pipe = queue.redis.pipeline(transaction=True)
     pipe.hdel(key, *_RUN_FIELDS)
     pipe.hset(key, mapping={
         "run": token, "target_ms": int(target_ms), "from_ms": st.get("effective_ms", ""),
@@ -116,7 +111,7 @@ def _finish(queue, token: str) -> dict:
     if st.get("run") != token:
         return {"finished": False}
     key = interval_key(queue)
-    pipe = queue.r.pipeline(transaction=True)
+    pipe = queue.redis.pipeline(transaction=True)
     pipe.hset(key, mapping={"effective_ms": st["target_ms"], "last_done_ms": int(time.time() * 1000),
                             "last_moved": st.get("moved", 0), "last_leased": st.get("held", 0),
                             "last_from_ms": st.get("from_ms", ""),
@@ -146,7 +141,7 @@ def advance(queue, token: str, *, batch: int, should_stop: Callable[[], bool] = 
         if st.get("run") != token:
             return {"complete": False, "superseded": True, "batches": batches}
         shard = int(st["shard"])
-        if shard >= queue.keys.shards:
+        if shard >= queue.shards:
             _finish(queue, token)
             return {"complete": True, "superseded": False, "batches": batches}
         if should_stop():
@@ -165,8 +160,6 @@ def respread_now(queue, interval_ms: int | None = None, batch: int = 1000) -> di
     the effective interval. Run under the ``respread`` lock. Returns ``{"moved", "leased", "missing",
     "routes", "interval_ms"}``."""
     target = int(interval_ms or queue.interval_ms)
-    if not supports(queue):  # a provider without tracked batches spreads its own way
-        return {**queue.respread(target, batch=batch), "interval_ms": target}
     token = start_run(queue, target)
     advance(queue, token, batch=batch)
     st = _read(queue)
@@ -184,8 +177,6 @@ def converge(queue, *, batch: int, should_stop: Callable[[], bool] = lambda: Fal
         shapes); ``complete`` False while a respread still has routes to move.
     """
     want = queue.interval_ms
-    if not supports(queue):
-        return {"action": "unsupported", "complete": True, "configured_ms": want}
     st = _read(queue)
     if "run" in st and int(st["target_ms"]) == want:
         action, token = "resumed", st["run"]

@@ -19,7 +19,7 @@ _OWNED = (
 
 def marker_key(queue) -> str:
     """Key of the rebuild marker of ``queue``'s schedule (inside its hash tag)."""
-    return queue.keys.base + "maintenance_marker"
+    return queue.side_key("maintenance_marker")
 
 
 def owned_routes(engine: Engine) -> int:
@@ -30,11 +30,11 @@ def owned_routes(engine: Engine) -> int:
 
 def mark_bootstrapped(queue) -> None:
     """Set the schedule's rebuild marker (now, Unix ms): the schedule holds what PostgreSQL owns."""
-    queue.r.set(marker_key(queue), str(int(time.time() * 1000)))
+    queue.redis.set(marker_key(queue), str(int(time.time() * 1000)))
 
 
 def needs_rebuild(engine: Engine, queue) -> bool:
     """True when the schedule's marker is missing and PostgreSQL has owned routes."""
-    if queue.r.exists(marker_key(queue)):
+    if queue.redis.exists(marker_key(queue)):
         return False
     return owned_routes(engine) > 0

@@ -74,7 +74,7 @@ def rebuild_schedule(
         from magpie.leader import LeaderLock
 
         with LeaderLock(
-            queue.r, settings.redis_prefix, LOCK, int(settings.maintenance_lock_ttl * 1000)
+            queue.redis, settings.redis_prefix, LOCK, int(settings.maintenance_lock_ttl * 1000)
         ).hold() as lost:
             if lost is None:
                 return {"ran": False, "reason": "another process holds the rebuild lock"}

@@ -28,6 +28,16 @@ class StreamTarget:
     maxlen: int
     policy: str = "evict_oldest"
 
+    @classmethod
+    def from_settings(cls, settings) -> StreamTarget:
+        """The deployment's results stream: ``<prefix>stats:results``, the stats consumer group, the bound
+        ``MAGPIE_STATS_STREAM_MAXLEN`` and the policy ``MAGPIE_STATS_OVERFLOW``. The one place the
+        stream's bound is read; ``settings`` is a :class:`magpie.config.Settings`."""
+        from magpie.stats.keys import GROUP, stream_key
+
+        st = settings.stream
+        return cls(stream_key(st.prefix), GROUP, st.maxlen, st.overflow)
+
 
 @dataclass(slots=True)
 class Completion:

@@ -14,8 +14,8 @@ Invariants every provider keeps (``docs/design.md``, "The route schedule"):
 3. **No sweeper**: an expired lease is re-claimable by the next claim that meets it (claim-driven reaping);
    the claim counts the stall by the quarantine rule (below).
 4. **Cadence**: a completion schedules the next due time at ``max(previous due, now) + interval``.
-5. **Ordinary completion never writes the payload** (only the ownership delta of
-   ``complete_with_payload`` or an operator ``update`` do).
+5. **Ordinary completion never writes the payload** (only a holder's ownership delta, ``desired`` of
+   ``complete_with_results`` or ``complete_with_payload``, or an operator ``update`` do).
 6. **Nothing is lost**: every imported route is scheduled, leased, dead-lettered, or removed on purpose.
 7. **Due order**: claims come in due-time order (ties: shard, then route hash).
 
@@ -70,8 +70,12 @@ class ScheduleProvider(Protocol):
     def complete(self, leases: Sequence[Lease], interval_ms: int | None = None) -> list[int]:
         """Finish cycles (next due = max(previous due, now) + interval); one code per lease."""
     def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
-                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
-        """Complete and record each completed lease's result (stream entry fields) iff it completed."""
+                              stream: StreamTarget | None, interval_ms: int | None = None,
+                              desired: Sequence[str | None] | None = None) -> Completion:
+        """Complete and record each completed lease's result (stream entry fields) iff it completed, under
+        the stream's bound and overflow policy, in one atomic step. ``desired[i]``: the holder's ownership
+        change for lease ``i`` (only its delta is applied to the payload as stored now; with no owner left
+        the route is removed, code ``REMOVED``, and records no result)."""
     def complete_one(self, lease: Lease) -> None:
         """Complete one lease; raises the refusal."""
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
@@ -116,12 +120,42 @@ class ScheduleProvider(Protocol):
     def score(self, member: str) -> str | None:
         """The route's position as a ``'%.2f'`` score (``.25`` retry, ``.5`` lease), or None."""
     def payload(self, member: str) -> str | None: """The stored payload text, or None."""
+    def payloads(self, members: Sequence[str]) -> list[str | None]:
+        """The stored payload texts of ``members`` in order, None where missing (one round trip)."""
     def inspect(self, member: str) -> dict: """Everything known about one route."""
     def status(self) -> dict: """``{"now_ms", "paused", "shards": [...], "totals": {...}}``."""
+    def dead_count(self) -> int: """How many routes are dead-lettered."""
+    def in_flight(self, limit: int = 100) -> list[dict]:
+        """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",
+        "silent_seconds"}]`` (s; negative ``expires_in_s``: expired, not yet re-claimed). PostgreSQL records
+        each heartbeat, so ``silent_seconds`` is exact there; Redis estimates it from ``lease_ms``."""
+    def shard_of(self, member: str) -> str: """The shard label of a route (:attr:`Lease.shard`)."""
+    def route_count(self) -> int: """Scheduled routes, leased ones included (dead letters are not)."""
+    def respread_batch(self, shard: int, cursor: str = "0", *, count: int = 1000, placed: int = 0,
+                       total: int = 1, interval_ms: int | None = None, progress_key: str | None = None,
+                       run: str | None = None) -> dict:
+        """One bounded batch of a tracked respread of shard number ``shard`` (the interval job,
+        :mod:`magpie.maintenance.interval`); ``{"cursor", "moved", "leased", "placed", "superseded"}``."""
 
+    # -- beside the schedule: state every provider keeps in Redis ---------------------------------
+    # The results stream, engine capacity, promote's budget, leader locks, the interval's state and the
+    # rebuild marker live in Redis on both providers; callers reach them only through these names.
+    redis: object
+    """redis-py client on the Redis holding that state (``MAGPIE_REDIS_URL``)."""
+    prefix: str
+    """The deployment's key prefix (``MAGPIE_REDIS_PREFIX``)."""
+    shards: int
+    """The shard count (``PROXY_QUEUE_SHARDS``)."""
+    def side_key(self, name: str) -> str:
+        """Key ``name`` under the schedule's hash tag in :attr:`redis` (``<prefix>{default}:<name>``)."""
+    def capacity_registry(self) -> object:
+        """The :class:`magpie.queue.capacity.CapacityRegistry` of this schedule's check engines."""
 
-QueueBackend = ScheduleProvider
-"""Former name of :class:`ScheduleProvider`."""
+    # -- Redis only -------------------------------------------------------------------------------
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2,
+                         progress=None) -> dict:
+        """Rewrite stored payloads with credentials sealed or in plaintext (:mod:`magpie.queue.migrate`).
+        The PostgreSQL schedule refuses it: :class:`magpie.errors.RefusedError` ``unsupported``."""
 
 
 def create_provider(url: str | None, settings, *, redis_client=None) -> ScheduleProvider:
@@ -182,25 +216,4 @@ def lease_from_token(provider: ScheduleProvider, token: str) -> Lease:
         from magpie.config import ConfigError
 
         raise ConfigError("lease token: the lease and previous parts must be numbers") from None
-    return Lease(member, provider.payload(member) or "", previous, lease_score, provider.keys.shard_of(member))
-
-
-def in_flight(provider: ScheduleProvider, limit: int = 100) -> list[dict]:
-    """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",
-    "silent_seconds"}]`` (seconds; negative ``expires_in_s``: expired, not yet re-claimed).
-
-    PostgreSQL records each heartbeat, so ``silent_seconds`` is exact there; on Redis it is estimated as the
-    time since the lease was last given or renewed with the provider's ``lease_ms``.
-    """
-    own = getattr(provider, "in_flight", None)
-    if own is not None:
-        return own(limit)
-    now = provider.server_time_ms()
-    rows = provider.r.zrange(provider.keys.leased, 0, int(limit) - 1, withscores=True)
-    out = []
-    for m, sc in rows:
-        exp = sc - 0.5
-        out.append({"member": m.decode() if isinstance(m, bytes) else m, "lease_score": f"{sc:.2f}",
-                    "expires_in_s": round((exp - now) / 1000, 3),
-                    "silent_seconds": round(max(0.0, now - (exp - provider.lease_ms)) / 1000, 3)})
-    return out
+    return Lease(member, provider.payload(member) or "", previous, lease_score, provider.shard_of(member))

@@ -67,6 +67,45 @@ class RouteQueue:
         q.check_layout()
         return q
 
+    # -- beside the schedule: what every provider keeps in this Redis -------------------------------
+    @property
+    def redis(self) -> redis.Redis:
+        """The Redis holding what lives beside the schedule (here: the schedule itself too)."""
+        return self.r
+
+    @property
+    def prefix(self) -> str:
+        """The deployment's key prefix (``MAGPIE_REDIS_PREFIX``)."""
+        return self.keys.prefix
+
+    @property
+    def shards(self) -> int:
+        """The shard count (``PROXY_QUEUE_SHARDS``)."""
+        return self.keys.shards
+
+    def side_key(self, name: str) -> str:
+        """Key ``name`` under the schedule's hash tag in :attr:`redis`."""
+        return self.keys.base + name
+
+    def shard_of(self, member: str) -> str:
+        """The shard label of a route (its :attr:`Lease.shard`)."""
+        return self.keys.shard_of(member)
+
+    def capacity_registry(self):
+        """The :class:`magpie.queue.capacity.CapacityRegistry` of this schedule's check engines."""
+        from magpie.queue.capacity import CapacityRegistry
+
+        return CapacityRegistry(self.r, self.keys)
+
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2,
+                         progress: Callable[[dict], object] | None = None) -> dict:
+        """Rewrite every stored payload with its credentials sealed or in plaintext
+        (:func:`magpie.queue.migrate.migrate_payloads`, whose arguments, reply and errors it has)."""
+        from magpie.queue.migrate import migrate_payloads
+
+        return migrate_payloads(self, cipher, encrypt=encrypt, batch=batch, retries=retries,
+                                progress=progress)
+
     def check_layout(self) -> None:
         """Record this schedule's shard count on first use; refuse a different one later.
 
@@ -187,23 +226,34 @@ class RouteQueue:
         return self.complete_with_results(leases, None, None, interval_ms).codes
 
     def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
-                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
-        """Complete ``leases`` and append ``results[i]`` (stream entry fields, or None) of each completed
-        lease to ``stream`` in the same atomic script call (see :mod:`magpie.queue.completion`).
+                              stream: StreamTarget | None, interval_ms: int | None = None,
+                              desired: Sequence[str | None] | None = None) -> Completion:
+        """Complete ``leases``, apply the holders' ownership changes and append ``results[i]`` (stream entry
+        fields, or None) of each completed lease to ``stream``, all in one atomic script call
+        (``complete.lua``; see :mod:`magpie.queue.completion`).
 
-        Returns a :class:`Completion`; refused leases get their cancellation token fired. With
-        ``stream.policy == "refuse"`` and no room, nothing changes and ``full`` is True.
+        ``desired[i]`` (optional): the holder's desired payload for lease ``i`` (JSON of any encoding; only
+        its ``"w"`` list is read): only the workspace ids added or removed between ``lease.payload`` and it
+        are applied to the payload as stored now; with no workspace left the route is removed (code
+        ``REMOVED``, no result appended). Returns a :class:`Completion`; refused leases get their
+        cancellation token fired. With ``stream.policy == "refuse"`` and no room, nothing changes and
+        ``full`` is True.
         """
         if not leases:
             return Completion()
+        k = self.keys
         args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
-                      stream.maxlen if stream else 0, stream.group if stream else ""]
+                      stream.maxlen if stream else 0, stream.group if stream else "", k.payload_prefix,
+                      k.logs_prefix]
         for i, le in enumerate(leases):
             fields = results[i] if results is not None and stream is not None else None
-            args += [le.member, le.lease_score, le.previous_score, len(fields) if fields else 0]
+            want = desired[i] if desired is not None else None
+            args += [le.member, le.lease_score, le.previous_score]
+            args += [0] if want is None else [2, le.payload, want]
+            args.append(len(fields) if fields else 0)
             if fields:
-                for k, v in fields.items():
-                    args += [k, v]
+                for key, v in fields.items():
+                    args += [key, v]
         keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
         raw = self.scripts.complete(keys=keys, args=args)
         n = len(leases)
@@ -213,7 +263,7 @@ class RouteQueue:
         out.codes = [int(x) for x in raw[3: 3 + n]]
         out.ids = [_s(x) or None for x in raw[3 + n: 3 + 2 * n]]
         for le, c in zip(leases, out.codes):
-            if c != COMPLETED:
+            if c not in (COMPLETED, REMOVED):
                 le.cancel()
         return out
 
@@ -224,18 +274,18 @@ class RouteQueue:
             raise refusal(code, lease.member)
 
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
-        """Complete ``lease`` and apply the worker's ownership change (``complete_payload.lua``).
+        """Complete ``lease`` and apply the worker's ownership change (:meth:`complete_with_results`).
 
         Only the workspace ids added or removed between ``lease.payload`` (the original snapshot) and
         ``desired_payload`` are applied to the payload as stored now: workspaces added concurrently by
         an import and the current credentials stay. Returns ``"completed"`` or ``"removed"`` (no
         workspace left). Raises :class:`LeaseLost`, :class:`QueueError` ``gone`` or ``bad_payload``.
         """
-        k = self.keys
-        res = self._one(self.scripts.complete_payload, lease.shard, [
-            self._now(), int(interval_ms or self.interval_ms), k.payload_prefix, k.logs_prefix, lease.member,
-            lease.lease_score, lease.previous_score, lease.payload, desired_payload])
-        return "removed" if self._fenced(lease, int(res)) == REMOVED else "completed"
+        comp = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload])
+        code = comp.codes[0]
+        if code not in (COMPLETED, REMOVED):
+            raise refusal(code, lease.member)
+        return "removed" if code == REMOVED else "completed"
 
     def retry(self, lease: Lease, delay_ms: int) -> int:
         """End the cycle early and re-check after ``delay_ms`` (``retry.lua``), e.g. on the Backoff curve
@@ -460,6 +510,29 @@ class RouteQueue:
         """The stored payload text of a route, or None."""
         v = self.r.get(self.keys.payload(member))
         return None if v is None else _s(v)
+
+    def payloads(self, members: Sequence[str]) -> list[str | None]:
+        """The stored payload texts of ``members`` in order (None where missing): one ``MGET``."""
+        if not members:
+            return []
+        return [None if v is None else _s(v) for v in self.r.mget([self.keys.payload(m) for m in members])]
+
+    def dead_count(self) -> int:
+        """How many routes are dead-lettered (one ``ZCARD``)."""
+        return int(self.r.zcard(self.keys.dead))
+
+    def in_flight(self, limit: int = 100) -> list[dict]:
+        """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",
+        "silent_seconds"}]`` (seconds; negative ``expires_in_s``: expired, not yet re-claimed). Silence is
+        estimated as the time since the lease was last given or renewed with :attr:`lease_ms`."""
+        now = self.server_time_ms()
+        out = []
+        for m, sc in self.r.zrange(self.keys.leased, 0, int(limit) - 1, withscores=True):
+            exp = sc - 0.5
+            out.append({"member": _s(m), "lease_score": f"{sc:.2f}",
+                        "expires_in_s": round((exp - now) / 1000, 3),
+                        "silent_seconds": round(max(0.0, now - (exp - self.lease_ms)) / 1000, 3)})
+        return out
 
     def inspect(self, member: str) -> dict:
         """Everything known about one route now (:func:`magpie.queue.reads.inspect`)."""

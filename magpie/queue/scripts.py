@@ -22,7 +22,7 @@ def _lua_dir():
 
 LUA_DIR = _lua_dir()
 NAMES = (
-    "pop", "renew", "complete", "complete_payload", "retry", "remove", "progress", "log", "schedule",
+    "pop", "renew", "complete", "retry", "remove", "progress", "log", "schedule",
     "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate", "release",
     "respread_batch",
 )

@@ -1,9 +1,11 @@
 """Statistics ingestion: check results travel through a Redis Stream into PostgreSQL.
 
+Results enter the stream only through the schedule's completion (``complete_with_results``: one fenced
+call completes the leases and appends their results under the stream's bound and overflow policy).
+
 One module per concern:
 
 * :mod:`magpie.stats.entry`: the entry format, one codec from a check result to stream fields and back;
-* :mod:`magpie.stats.producer`: publish entries under a bound with an overflow policy;
 * :mod:`magpie.stats.consumer`: read through the consumer group, recover pending entries, dead-letter,
   acknowledge after commit;
 * :mod:`magpie.stats.store`: the PostgreSQL transaction (history, current health, replay ledger);
@@ -26,13 +28,6 @@ from magpie.stats.entry import (
     parse_entry,
 )
 from magpie.stats.keys import GROUP, dead_key, stream_key
-from magpie.stats.producer import (
-    OVERFLOW_POLICIES,
-    PublishReport,
-    publish,
-    publish_entries,
-    publish_with_settings,
-)
 from magpie.stats.redrive import RedriveReport, redrive
 from magpie.stats.status import pending_summary
 
@@ -41,8 +36,6 @@ __all__ = [
     "DeadLetter",
     "IngestReport",
     "MalformedEntry",
-    "OVERFLOW_POLICIES",
-    "PublishReport",
     "RedriveReport",
     "StreamEntry",
     "dead_key",
@@ -53,9 +46,6 @@ __all__ = [
     "ingest",
     "parse_entry",
     "pending_summary",
-    "publish",
-    "publish_entries",
-    "publish_with_settings",
     "redrive",
     "stream_key",
 ]

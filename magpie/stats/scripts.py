@@ -49,9 +49,6 @@ class StreamScript:
             return client.evalsha(sha, len(keys), *keys, *args)
 
 
-PUBLISH = StreamScript("stats_floor", "stats_publish")
-"""Append a batch under the bound (``lua/stats_publish.lua``)."""
-
 TRIM = StreamScript("stats_floor", "stats_trim")
 """Remove the consumed entries below the replay floor (``lua/stats_trim.lua``)."""
 
@@ -64,5 +61,5 @@ INFRA = StreamScript("stats_infra")
 REDRIVE = StreamScript("stats_redrive")
 """Move dead-lettered entries back into the results stream (``lua/stats_redrive.lua``)."""
 
-ALL = (PUBLISH, TRIM, DROP_CONSUMERS, INFRA, REDRIVE)
+ALL = (TRIM, DROP_CONSUMERS, INFRA, REDRIVE)
 """Every script of the results stream (for readiness probes that load them all)."""

@@ -138,8 +138,8 @@ def trim_consumed(redis: redis_lib.Redis, prefix: str) -> int:
     """Remove the stream entries below the replay floor (all acknowledged) in one atomic script
     (``lua/stats_trim.lua``).
 
-    Keeps the stream's length equal to its backlog (undelivered plus pending entries), so the producer's
-    bound (:func:`magpie.stats.producer.publish_entries`) measures unconsumed results only.
+    Keeps the stream's length equal to its backlog (undelivered plus pending entries), so the completion's
+    bound (:class:`magpie.queue.completion.StreamTarget`) measures unconsumed results only.
 
     Returns:
         Entries removed (0 when the stream or group is missing).

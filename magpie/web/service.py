@@ -92,8 +92,8 @@ class Dashboard:
         return rows
 
     def dead_count(self) -> int:
-        """How many routes are dead-lettered (one ``ZCARD``)."""
-        return int(self.redis.zcard(self.queue.keys.dead))
+        """How many routes are dead-lettered (one ``ZCARD`` on Redis, one count on PostgreSQL)."""
+        return int(self.queue.dead_count())
 
     def route(self, route_hash: str, history: int = 50) -> dict | None:
         """``{"route": dict | None, "history": [dict], "schedule": dict | None}`` or None when neither

@@ -54,6 +54,9 @@ class FakeEngine:
             return CheckResult(False, None, None, 1, self.error, None, None, self.judge_url, int(time.time() * 1000))
         return CheckResult(True, 12.5, 200, 1, None, "{}", "elite", self.judge_url, int(time.time() * 1000))
 
+    async def check_payload(self, payload, before_attempt=None):
+        return await self.check(payload.route, before_attempt)
+
     async def judge_reachable(self, max_age=2.0):
         return self.judge_up
 
@@ -448,6 +451,33 @@ def test_block_policy_waits_for_room_then_drops_new_results(q):
     assert pool.totals.completed == 1 and pool.totals.dropped == 1 and pool.totals.published == 0
 
 
+
+def test_owner_changes_complete_in_the_pools_atomic_call_under_the_streams_policy(q, redis_client):
+    """A route with a pending owner drop completes in the same fenced call as its batch-mates: the delta
+    is applied, and its result is appended under the stream's overflow policy (here ``evict_oldest``:
+    the oldest unconsumed entry makes room, the new result is kept)."""
+    from magpie.judges.ownership import OwnerChanges, drops_key
+
+    items = seed(q, [1, 1])
+    (h_keep, _), (h_drop, _) = items
+    q.update(h_drop, Payload(2, Route("socks5", "127.0.0.1", 1), h_drop, [1, 2]).encode())
+    redis_client.hset(drops_key(q.keys.prefix), h_drop, "1")
+    published = Published(q)
+    for i in range(2):
+        q.r.xadd(published.key, {"old": str(i)})
+    changes = OwnerChanges(redis_client, q.keys.prefix)
+    pool = CheckPool(q, FakeEngine(), published.target(maxlen=2), capacity=10, renew_below_ms=0,
+                     complete_interval=0.05, owner_changes=changes).start()
+    try:
+        pool.submit(q.pop(2))
+        assert pool.wait_idle(10)
+    finally:
+        pool.close()
+    assert pool.totals.completed == 2 and pool.totals.published == 2 and pool.totals.dropped == 2
+    assert {f["route_hash"] for f, _ in published} == {h_keep, h_drop}  # both new results, the old evicted
+    assert Payload.decode(q.payload(h_drop)).workspaces == [2] and changes.applied == 1
+    assert redis_client.hlen(drops_key(q.keys.prefix)) == 0
+    assert q.status()["totals"]["leased"] == 0
 
 def test_thousands_of_leases_are_handed_back_in_one_call(q):
     """A closing pool hands back all it holds (10,000 leases per process by default) in one call."""

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from magpie.checker.check import LoopThread
 from magpie.checker.judge import make_judge_server
 from magpie.checker.result import CheckResult
-from magpie.checkpool import CheckPool
+from magpie.checkpool import CheckPool, result_entry
 from magpie.judges import store
 from magpie.judges.cache import ConfigCache, read_cache_records
 from magpie.judges.checking import ProfiledEngine
@@ -200,9 +200,8 @@ def test_a_notification_wakes_the_cache_before_its_cadence(db, settings, redis_c
 
 
 def _pool(q, eng, stream, redis_client):
-    pool = CheckPool(q, eng, stream, capacity=50, renew_below_ms=0, complete_interval=0.05)
-    pool.owner_changes = OwnerChanges(q, stream, redis_client, q.keys.prefix)
-    return pool.start()
+    return CheckPool(q, eng, stream, capacity=50, renew_below_ms=0, complete_interval=0.05,
+                     owner_changes=OwnerChanges(redis_client, q.keys.prefix)).start()
 
 
 def test_two_owners_with_the_same_profile_mean_one_connection_per_cycle(db, settings, redis_client, judges2, proxy,
@@ -336,16 +335,16 @@ def test_auto_remove_drops_ownership_and_the_last_owner_route_while_an_import_ke
     assert report.imported == 1
 
     stream = StreamTarget(settings.redis_prefix + "results", "g", 100_000, "evict_oldest")
-    changes = OwnerChanges(q, stream, redis_client, settings.redis_prefix)
-
-    class Report:
-        completed = lease_lost = dropped = 0
-
+    changes = OwnerChanges(redis_client, settings.redis_prefix)
     done = [(le, Payload.decode(le.payload), CheckResult(False, None, None, 1, "ConnectTimeout", None, None, "j",
                                                           int(time.time() * 1000)))
             for le in leases.values()]
-    rest = changes(done, Report)
-    assert rest == [] and Report.completed == 3 and changes.removed == 1 and changes.kept_by_import == 1
+    plan = changes.plan(done)  # what the pool's flush does: one completion call with the changes
+    comp = q.complete_with_results([le for le, _, _ in done], [result_entry(p, r) for _, p, r in done], stream,
+                                   desired=plan.desired)
+    changes.settle(done, plan, comp.codes)
+    assert sorted(comp.codes) == [1, 1, 2] and changes.applied == 3
+    assert changes.removed == 1 and changes.kept_by_import == 1
     assert json.loads(q.payload(shared))["w"] == [B]
     assert q.payload(last) is None and q.score(last) is None
     assert json.loads(q.payload(contested))["w"] == [B]  # the import's owner stays

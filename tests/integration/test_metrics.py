@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from helpers import append_entries
 import requests
 from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +20,7 @@ from magpie.maintenance import run_job
 from magpie.counters import (
     LATENESS_BUCKETS,
     check_outcomes,
+    count_stats_drops,
     lease_lateness_ms,
     read_counters,
     record_check_batch,
@@ -26,8 +28,7 @@ from magpie.counters import (
 from magpie.metrics import build_registry, serve
 from magpie.queue import RouteQueue
 from magpie.routes import Route
-from magpie.stats import encode_result, ensure_group, publish, stream_key
-from magpie.stats.producer import publish_entries
+from magpie.stats import encode_result, ensure_group, stream_key
 
 KEY = "test-key-0123456789abcdef"
 
@@ -98,19 +99,14 @@ def test_metrics_endpoint_serves_schedule_stream_maintenance_and_check_figures(
     q.enqueue_in(stored[0].route_hash, 0)
     [lease] = q.pop(1)
     ensure_group(redis_client, redis_prefix)
-    ids = publish(
-        redis_client,
-        redis_prefix,
-        [
+    ids = append_entries(redis_client, redis_prefix, [
             encode_result(
                 route_id=x.route_id, route_hash=x.route_hash, alive=True, checked_at_ms=1_700_000_000_000 + i
             )
             for i, x in enumerate(stored)
-        ],
-        1000,
-    )
+        ])
     redis_client.xreadgroup("magpie-stats", "c1", {stream_key(redis_prefix): ">"}, count=1)  # one pending
-    publish_entries(redis_client, redis_prefix, [{"route_id": "1"}] * 1000, 3, overflow="drop_new")
+    count_stats_drops(redis_client, redis_prefix, "drop_new", 1000)  # as a check worker counts its drops
     record_check_batch(redis_client, redis_prefix, {"alive": 5, "dead": 2}, 1, [200.0, 3000.0])
     assert run_job("partitions", settings, engine=db, redis=redis_client)["status"] == "ok"
     lock = LeaderLock(redis_client, redis_prefix, "history_retention", ttl_ms=10_000)

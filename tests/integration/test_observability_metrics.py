@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import append_entries
 import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,7 +24,7 @@ from magpie.maintenance.beat import cadences
 from magpie.maintenance.registry import JOBS
 from magpie.metrics import serve
 from magpie.routes import Route
-from magpie.stats import encode_result, ensure_group, publish
+from magpie.stats import encode_result, ensure_group
 from magpie.stats.drain import ingest_backlog
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,7 +76,7 @@ def _store_checked_routes(settings, db, redis_client, redis_prefix) -> None:
                       latency_ms=300.0),
     ]
     ensure_group(redis_client, redis_prefix)
-    publish(redis_client, redis_prefix, results, 1000)
+    append_entries(redis_client, redis_prefix, results)
     assert ingest_backlog(redis_client, db, settings) == 5
 
 

@@ -166,16 +166,3 @@ def test_queue_respread_and_interval_commands(settings, db, redis_client, redis_
         assert st["effective_ms"] == 20_000 and st["converged"] is True and st["respreads"] == 1
     finally:
         get_settings.cache_clear()
-
-
-def test_a_provider_without_tracked_batches_falls_back_to_its_own_respread():
-    class Plain:
-        interval_ms = 30_000
-
-        def respread(self, interval_ms=None, batch=1000):
-            return {"moved": 3, "leased": 1, "missing": 0}
-
-    q = Plain()
-    assert iv.respread_now(q) == {"moved": 3, "leased": 1, "missing": 0, "interval_ms": 30_000}
-    assert iv.converge(q, batch=10)["action"] == "unsupported"
-    assert iv.read_interval_state(q)["effective_ms"] is None

@@ -97,3 +97,15 @@ def _members() -> list[str]:
 
     with get_engine(get_settings().database_url).connect() as c:
         return [r[0] for r in c.execute(sa.text("SELECT route_hash FROM routes ORDER BY id"))]
+
+
+def test_migrate_payloads_is_refused_in_one_line_on_the_postgresql_schedule(cli, request, tmp_path):
+    f = tmp_path / "list.txt"
+    f.write_text("socks5://user:s3cret@127.0.0.1:1080\n")
+    cli("import", str(f), "--workspace", "alpha")
+    if request.node.callspec.params["cli"] == "redis":
+        assert json.loads(cli("queue", "migrate-payloads", "--encrypt", "--json").stdout)["result"]["changed"] == 1
+        return
+    res = cli("queue", "migrate-payloads", "--encrypt", code=3)
+    (line,) = [ln for ln in res.output.splitlines() if ln.startswith("refused")]
+    assert "unsupported" in line and "Redis schedule only" in line and "s3cret" not in res.output

@@ -160,6 +160,9 @@ class RecordingEngine:
         await asyncio.sleep(0)
         return CheckResult(True, 1.0, 200, 1, None, "{}", "elite", self.judge_url, int(time.time() * 1000))
 
+    async def check_payload(self, payload, before_attempt=None):
+        return await self.check(payload.route, before_attempt)
+
     async def judge_reachable(self, max_age=2.0):
         return True
 

@@ -6,7 +6,7 @@ import json
 import time
 
 import pytest
-from helpers import run_concurrently
+from helpers import append_entries, run_concurrently
 import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
@@ -19,7 +19,6 @@ from magpie.stats import (
     ensure_group,
     ingest,
     pending_summary,
-    publish,
     stream_key,
 )
 
@@ -96,12 +95,7 @@ class _CrashBeforeAck:
 def test_ingest_writes_history_and_health_and_acks(db, redis_client, redis_prefix, stored):
     a, b, _ = stored
     ensure_group(redis_client, redis_prefix)
-    ids = publish(
-        redis_client,
-        redis_prefix,
-        [_entry(a, True, T0), _entry(b, False, T0 + 1), _entry(a, False, T0 + 2)],
-        maxlen=10_000,
-    )
+    ids = append_entries(redis_client, redis_prefix, [_entry(a, True, T0), _entry(b, False, T0 + 1), _entry(a, False, T0 + 2)])
     assert len(ids) == 3
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert (rep.read, rep.committed, rep.replayed, rep.dead) == (3, 3, 0, 0)
@@ -126,11 +120,11 @@ def test_older_result_does_not_overwrite_newer_and_alive_resets_failures(
     db, redis_client, redis_prefix, stored
 ):
     a = stored[0]
-    publish(redis_client, redis_prefix, [_entry(a, False, T0 + 10), _entry(a, False, T0 + 20)], maxlen=10_000)
+    append_entries(redis_client, redis_prefix, [_entry(a, False, T0 + 10), _entry(a, False, T0 + 20)])
     ingest(redis_client, db, redis_prefix, "c1")
     assert _health(db, a.route_id)["consecutive_failures"] == 2
     # A late result from before the newest one: counted, but the current state is untouched.
-    publish(redis_client, redis_prefix, [_entry(a, True, T0 + 5, latency_ms=99.0)], maxlen=10_000)
+    append_entries(redis_client, redis_prefix, [_entry(a, True, T0 + 5, latency_ms=99.0)])
     ingest(redis_client, db, redis_prefix, "c1")
     h = _health(db, a.route_id)
     assert h["checks_total"] == 3 and h["alive_total"] == 1
@@ -138,7 +132,7 @@ def test_older_result_does_not_overwrite_newer_and_alive_resets_failures(
     assert int(h["last_checked_at"].timestamp() * 1000) == T0 + 20
     assert int(h["last_alive_at"].timestamp() * 1000) == T0 + 5
     # A newer alive result resets the streak and replaces the current fields.
-    publish(redis_client, redis_prefix, [_entry(a, True, T0 + 30, latency_ms=7.25)], maxlen=10_000)
+    append_entries(redis_client, redis_prefix, [_entry(a, True, T0 + 30, latency_ms=7.25)])
     ingest(redis_client, db, redis_prefix, "c1")
     h = _health(db, a.route_id)
     assert h["alive"] is True and h["consecutive_failures"] == 0 and h["latency_ms"] == 7.25
@@ -149,7 +143,7 @@ def test_replay_after_crash_between_commit_and_ack_writes_no_duplicates(
     db, redis_client, redis_prefix, stored
 ):
     a, b, _ = stored
-    ids = publish(redis_client, redis_prefix, [_entry(a, True, T0), _entry(b, True, T0)], maxlen=10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(a, True, T0), _entry(b, True, T0)])
     with pytest.raises(ConnectionError):
         ingest(_CrashBeforeAck(redis_client), db, redis_prefix, "doomed")
     assert len(_history(db)) == 2  # committed ...
@@ -165,7 +159,7 @@ def test_replay_after_crash_between_commit_and_ack_writes_no_duplicates(
 def test_pending_entries_of_a_dead_consumer_are_recovered(db, redis_client, redis_prefix, stored):
     a = stored[0]
     ensure_group(redis_client, redis_prefix)
-    ids = publish(redis_client, redis_prefix, [_entry(a, True, T0 + i) for i in range(4)], maxlen=10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(a, True, T0 + i) for i in range(4)])
     # A consumer reads the entries and dies before doing anything with them.
     got = redis_client.xreadgroup(GROUP, "dead-worker", {stream_key(redis_prefix): ">"}, count=10)
     assert len(got[0][1]) == 4
@@ -192,9 +186,7 @@ def test_malformed_and_orphan_entries_go_to_the_dead_stream(db, redis_client, re
         dict(good, route_id="999999"),  # route no longer in `routes`
         dict(good, route_hash="0" * 24),  # id points at a different route
     ]
-    ids = publish(
-        redis_client, redis_prefix, [good, *bad, dict(good, checked_at_ms=str(T0 + 1))], maxlen=10_000
-    )
+    ids = append_entries(redis_client, redis_prefix, [good, *bad, dict(good, checked_at_ms=str(T0 + 1))])
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert (rep.read, rep.committed, rep.dead) == (10, 2, 8)
     assert [h[3] for h in _history(db)] == [ids[0], ids[-1]]
@@ -212,9 +204,7 @@ def test_malformed_and_orphan_entries_go_to_the_dead_stream(db, redis_client, re
 
 def test_text_fields_with_nul_bytes_are_stored(db, redis_client, redis_prefix, stored):
     a = stored[0]
-    publish(
-        redis_client, redis_prefix, [_entry(a, False, T0, error="bad\x00byte", body="\x00")], maxlen=10_000
-    )
+    append_entries(redis_client, redis_prefix, [_entry(a, False, T0, error="bad\x00byte", body="\x00")])
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert rep.committed == 1
     assert _health(db, a.route_id)["error"] == "badbyte"
@@ -223,7 +213,7 @@ def test_text_fields_with_nul_bytes_are_stored(db, redis_client, redis_prefix, s
 def test_entry_trimmed_while_pending_is_dead_lettered(db, redis_client, redis_prefix, stored):
     a = stored[0]
     ensure_group(redis_client, redis_prefix)
-    ids = publish(redis_client, redis_prefix, [_entry(a, True, T0), _entry(a, True, T0 + 1)], maxlen=10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(a, True, T0), _entry(a, True, T0 + 1)])
     redis_client.xreadgroup(GROUP, "gone", {stream_key(redis_prefix): ">"}, count=10)
     redis_client.xdel(stream_key(redis_prefix), ids[0])
     time.sleep(0.05)
@@ -238,7 +228,7 @@ def test_postgres_down_reads_nothing_backs_off_and_then_commits_everything(
     db, redis_client, redis_prefix, stored
 ):
     a, b, c = stored
-    ids = publish(redis_client, redis_prefix, [_entry(s, True, T0) for s in (a, b, c)], maxlen=10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(s, True, T0) for s in (a, b, c)])
     down = sa.create_engine(
         "postgresql+psycopg2://postgres@127.0.0.1:1/magpie", connect_args={"connect_timeout": 2}
     )
@@ -264,7 +254,7 @@ def test_postgres_down_reads_nothing_backs_off_and_then_commits_everything(
 
 def test_batches_are_bounded_and_drain(db, redis_client, redis_prefix, stored):
     entries = [_entry(stored[i % 3], i % 2 == 0, T0 + i) for i in range(25)]
-    publish(redis_client, redis_prefix, entries, maxlen=10_000)
+    append_entries(redis_client, redis_prefix, entries)
     reports = [ingest(redis_client, db, redis_prefix, "c1", batch=10) for _ in range(4)]
     assert [r.read for r in reports] == [10, 10, 5, 0]
     assert len(_history(db)) == 25
@@ -274,7 +264,7 @@ def test_batches_are_bounded_and_drain(db, redis_client, redis_prefix, stored):
 def test_pending_summary_reports_lag_before_any_group(redis_client, redis_prefix):
     s = pending_summary(redis_client, redis_prefix)
     assert (s["length"], s["pending"], s["lag"], s["group"]) == (0, 0, 0, False)
-    publish(redis_client, redis_prefix, [{"route_id": "1"}] * 3, maxlen=10_000)
+    append_entries(redis_client, redis_prefix, [{"route_id": "1"}] * 3)
     ensure_group(redis_client, redis_prefix)
     ensure_group(redis_client, redis_prefix)  # idempotent
     s = pending_summary(redis_client, redis_prefix)
@@ -299,12 +289,7 @@ def test_entry_rejected_by_database_is_isolated_and_dead_lettered(db, redis_clie
             )
         )
     try:
-        ids = publish(
-            redis_client,
-            redis_prefix,
-            [_entry(a, False, T0), _entry(a, False, T0 + 1, error="poison"), _entry(a, True, T0 + 2)],
-            maxlen=10_000,
-        )
+        ids = append_entries(redis_client, redis_prefix, [_entry(a, False, T0), _entry(a, False, T0 + 1, error="poison"), _entry(a, True, T0 + 2)])
         rep = ingest(redis_client, db, redis_prefix, "c1")
     finally:
         with db.begin() as c:

@@ -12,6 +12,7 @@ import json
 import time
 
 import pytest
+from helpers import append_entries
 import sqlalchemy as sa
 from click.testing import CliRunner
 
@@ -26,7 +27,6 @@ from magpie.stats import (
     ensure_group,
     ingest,
     pending_summary,
-    publish,
     stream_key,
 )
 from magpie.stats.drain import consumer_name, ingest_backlog
@@ -131,7 +131,7 @@ def test_read_only_database_for_longer_than_the_delivery_budget_loses_nothing(
     db, fresh, redis_client, redis_prefix, stored, read_only, settings
 ):
     ensure_group(redis_client, redis_prefix)
-    ids = publish(redis_client, redis_prefix, [_entry(stored[i % 3], T0 + i) for i in range(30)], 10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(stored[i % 3], T0 + i) for i in range(30)])
     read_only(True)
     # Ten trial batches with no backoff, each refused by the database: five times the delivery budget.
     for i in range(10):
@@ -139,7 +139,7 @@ def test_read_only_database_for_longer_than_the_delivery_budget_loses_nothing(
                      backoff_s=0, min_idle_ms=0)
         assert rep.infra_error is not None and "read-only" in rep.infra_error, rep.infra_error
         assert (rep.committed, rep.dead, rep.exhausted) == (0, 0, 0)
-        ids += publish(redis_client, redis_prefix, [_entry(stored[0], T0 + 100 + i)], 10_000)
+        ids += append_entries(redis_client, redis_prefix, [_entry(stored[0], T0 + 100 + i)])
     # Deliveries were given back: no pending entry came closer to its limit.
     assert all(n == 0 for n in _deliveries(redis_client, redis_prefix).values())
     # The beat's ingestion runs with the real backoff: it reads nothing while the backoff runs.
@@ -175,7 +175,7 @@ def test_infrastructure_failures_keep_entries_pending_with_their_deliveries(
 ):
     """Disk full, serialization failure, deadlock, lock timeout, statement timeout, read-only, out of
     memory: none of them dead-letters or spends a delivery; the entries commit once it passes."""
-    ids = publish(redis_client, redis_prefix, [_entry(stored[0], T0), _entry(stored[1], T0 + 1)], 10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0), _entry(stored[1], T0 + 1)])
     trigger(errcode)
     for _ in range(4):
         rep = ingest(redis_client, db, redis_prefix, "c1", max_deliveries=1, backoff_s=0)
@@ -191,9 +191,7 @@ def test_infrastructure_failures_keep_entries_pending_with_their_deliveries(
 
 @pytest.mark.parametrize("errcode", ["23514", "22003", "23505"])
 def test_a_data_error_dead_letters_that_entry_only(db, redis_client, redis_prefix, stored, trigger, errcode):
-    ids = publish(redis_client, redis_prefix,
-                  [_entry(stored[0], T0), _entry(stored[0], T0 + 1, "poison"), _entry(stored[1], T0 + 2)],
-                  10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0), _entry(stored[0], T0 + 1, "poison"), _entry(stored[1], T0 + 2)])
     trigger(errcode, when="poison")
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert rep.infra_error is None and (rep.committed, rep.dead) == (2, 1)
@@ -205,7 +203,7 @@ def test_a_data_error_dead_letters_that_entry_only(db, redis_client, redis_prefi
 def test_a_real_lock_timeout_is_an_infrastructure_failure(db, pg_url, redis_client, redis_prefix, stored):
     engine = sa.create_engine(pg_url, poolclass=sa.pool.NullPool,
                               connect_args={"options": "-c lock_timeout=200"})
-    ids = publish(redis_client, redis_prefix, [_entry(stored[0], T0)], 10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0)])
     blocker = db.connect()
     tx = blocker.begin()
     blocker.exec_driver_sql("LOCK TABLE stats_ledger IN ACCESS EXCLUSIVE MODE")
@@ -230,7 +228,7 @@ def test_a_malformed_entry_still_dead_letters_while_the_database_refuses_writes(
     db, fresh, redis_client, redis_prefix, stored, read_only
 ):
     good = _entry(stored[0], T0)
-    ids = publish(redis_client, redis_prefix, [good, dict(good, alive="maybe")], 10_000)
+    ids = append_entries(redis_client, redis_prefix, [good, dict(good, alive="maybe")])
     read_only(True)
     rep = ingest(redis_client, fresh, redis_prefix, "c1", backoff_s=0)
     assert rep.infra_error is not None and rep.dead == 1
@@ -250,7 +248,7 @@ def test_an_exhausted_entry_that_was_applied_is_acknowledged_not_dead_lettered(
     from magpie.stats.store import apply_results
 
     ensure_group(redis_client, redis_prefix)
-    [sid] = publish(redis_client, redis_prefix, [_entry(stored[0], T0)], 10_000)
+    [sid] = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0)])
     key = stream_key(redis_prefix)
     [(_, [(_, raw)])] = redis_client.xreadgroup(GROUP, "c1", {key: ">"})
     apply_results(db, [parse_entry(sid, {k.decode(): v.decode() for k, v in raw.items()})])
@@ -263,9 +261,8 @@ def test_an_exhausted_entry_that_was_applied_is_acknowledged_not_dead_lettered(
 
 
 def test_redrive_reingests_exactly_once(db, redis_client, redis_prefix, stored, trigger):
-    ids = publish(redis_client, redis_prefix,
-                  [_entry(stored[0], T0, "poison"), _entry(stored[1], T0 + 1, "poison"),
-                   _entry(stored[2], T0 + 2)], 10_000)
+    ids = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0, "poison"), _entry(stored[1], T0 + 1, "poison"),
+                   _entry(stored[2], T0 + 2)])
     trigger("23514", when="poison")
     assert ingest(redis_client, db, redis_prefix, "c1").dead == 2
     trigger.remove()
@@ -281,7 +278,7 @@ def test_redrive_reingests_exactly_once(db, redis_client, redis_prefix, stored, 
     assert _history(db) == sorted([ids[0], ids[2]])  # recorded under the original id, once
     # Redriven again by hand (the same dead letter appended twice): still applied once.
     fields = dict(_entry(stored[0], T0, "poison"), origin_id=ids[0])
-    publish(redis_client, redis_prefix, [fields, fields], 10_000)
+    append_entries(redis_client, redis_prefix, [fields, fields])
     assert _drain(redis_client, db, redis_prefix) == {"committed": 0, "dead": 0, "replayed": 2}
     assert _history(db) == sorted([ids[0], ids[2]])
 
@@ -335,7 +332,7 @@ def test_cli_redrive_status_health_and_metrics_show_dead_letters(
         return build_registry(settings, redis=redis_client, engine=db).get_sample_value(
             "magpie_statistics_dead_letters")
 
-    [sid] = publish(redis_client, redis_prefix, [_entry(stored[0], T0, "poison")], 10_000)
+    [sid] = append_entries(redis_client, redis_prefix, [_entry(stored[0], T0, "poison")])
     stats = check_health(settings)["checks"]["stats"]
     assert stats["ok"] and not stats.get("warn")
     trigger("23514", when="poison")

@@ -15,13 +15,12 @@ import time
 
 import pytest
 import sqlalchemy as sa
+from helpers import append_entries
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.counters import read_counters
 from magpie.routes import Route
-from magpie.stats import GROUP, dead_key, encode_result, ensure_group, ingest, publish, stream_key
-from magpie.stats.producer import publish_entries
+from magpie.stats import GROUP, dead_key, encode_result, ensure_group, ingest, stream_key
 from magpie.stats.upkeep import (
     cleanup_consumers,
     delete_empty_consumers,
@@ -65,65 +64,31 @@ def _pending(r, prefix) -> int:
 
 
 # ------------------------------------------------------------------------------------- bound and policies
+# The policies themselves are tested on the completion path in test_cycle.py; here: the bound counts
+# unconsumed entries only, so what the group consumed makes room for the next completion.
 
 
-def test_drop_new_refuses_results_beyond_the_bound_and_counts_them(redis_client, redis_prefix, stored, db):
+def test_the_bound_counts_unconsumed_entries_only(redis_client, redis_prefix, stored, db):
+    from magpie.importer.service import schedule_item
+    from magpie.queue import QueueKeys, RouteQueue
+    from magpie.queue.completion import StreamTarget
+
     ensure_group(redis_client, redis_prefix)
-    first = publish(
-        redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(5)], 5, overflow="drop_new"
-    )
-    rep = publish_entries(
-        redis_client, redis_prefix, [_e(stored[1], T0 + 10 + i) for i in range(3)], 5, overflow="drop_new"
-    )
-    assert rep.ids == [None, None, None] and rep.dropped == 3
+    q = RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
+    q.schedule([schedule_item(x) for x in stored])
+    for x in stored:
+        q.enqueue_in(x.route_hash.strip(), 0)
+    leases = q.pop(3)
+    target = StreamTarget(stream_key(redis_prefix), GROUP, 5, "drop_new")
+    first = append_entries(redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(5)])
+    comp = q.complete_with_results(leases[:1], [_e(stored[1], T0 + 10)], target)
+    assert comp.codes == [1] and comp.ids == [None] and comp.dropped == 1  # full of unconsumed results
     assert [i.decode() for i, _ in redis_client.xrange(stream_key(redis_prefix))] == first
-    assert read_counters(redis_client, redis_prefix)["dropped"] == {"drop_new": 3}
     # Once the group consumed them, acknowledged entries make room: nothing dropped, nothing lost.
     assert ingest(redis_client, db, redis_prefix, "c1").committed == 5
-    rep = publish_entries(
-        redis_client, redis_prefix, [_e(stored[1], T0 + 20 + i) for i in range(3)], 5, overflow="drop_new"
-    )
-    assert rep.dropped == 0 and rep.trimmed == 5 and all(rep.ids)
-    assert redis_client.xlen(stream_key(redis_prefix)) == 3
-
-
-def test_evict_oldest_drops_the_oldest_unconsumed_and_counts_them(redis_client, redis_prefix, stored, db):
-    ensure_group(redis_client, redis_prefix)
-    old = publish(redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(5)], 5)
-    rep = publish_entries(
-        redis_client, redis_prefix, [_e(stored[1], T0 + 10 + i) for i in range(2)], 5, overflow="evict_oldest"
-    )
-    assert rep.dropped == 2 and all(rep.ids)
-    kept = [i.decode() for i, _ in redis_client.xrange(stream_key(redis_prefix))]
-    assert kept == old[2:] + rep.ids
-    assert read_counters(redis_client, redis_prefix)["dropped"] == {"evict_oldest": 2}
-    assert ingest(redis_client, db, redis_prefix, "c1").committed == 5
-
-
-def test_block_waits_for_ingestion_to_make_room(redis_client, redis_prefix, stored, db):
-    ensure_group(redis_client, redis_prefix)
-    publish(redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(5)], 5)
-    t = threading.Timer(0.3, lambda: ingest(redis_client, db, redis_prefix, "c1"))
-    t.start()
-    try:
-        rep = publish_entries(
-            redis_client, redis_prefix, [_e(stored[1], T0 + 10)], 5, overflow="block", block_timeout=5.0
-        )
-    finally:
-        t.join()
-    assert rep.dropped == 0 and rep.ids[0] and 0.2 < rep.waited_s < 5.0
-    # Nobody consuming: the producer gives up after the timeout and counts the drop.
-    publish(redis_client, redis_prefix, [_e(stored[0], T0 + 20 + i) for i in range(4)], 5)
-    rep = publish_entries(
-        redis_client, redis_prefix, [_e(stored[2], T0 + 30)], 5, overflow="block", block_timeout=0.2
-    )
-    assert rep.dropped == 1 and rep.ids == [None] and rep.waited_s >= 0.2
-    assert read_counters(redis_client, redis_prefix)["dropped"] == {"block": 1}
-
-
-def test_unknown_overflow_policy_is_refused(redis_client, redis_prefix):
-    with pytest.raises(ValueError):
-        publish(redis_client, redis_prefix, [{"route_id": "1"}], 10, overflow="spill")
+    comp = q.complete_with_results(leases[1:], [_e(stored[1], T0 + 20), _e(stored[2], T0 + 21)], target)
+    assert comp.dropped == 0 and comp.trimmed == 5 and all(comp.ids)
+    assert redis_client.xlen(stream_key(redis_prefix)) == 2
 
 
 # --------------------------------------------------------------------------------------- delivery limits
@@ -132,11 +97,11 @@ def test_unknown_overflow_policy_is_refused(redis_client, redis_prefix):
 def test_entry_delivered_too_often_goes_to_the_dead_stream(redis_client, redis_prefix, stored, db):
     ensure_group(redis_client, redis_prefix)
     key = stream_key(redis_prefix)
-    [poison] = publish(redis_client, redis_prefix, [_e(stored[0], T0)], 1000)
+    [poison] = append_entries(redis_client, redis_prefix, [_e(stored[0], T0)])
     redis_client.xreadgroup(GROUP, "c1", {key: ">"})
     for _ in range(4):  # four more failed attempts: delivered 5 times, never acknowledged
         redis_client.xreadgroup(GROUP, "c1", {key: "0"})
-    [fine] = publish(redis_client, redis_prefix, [_e(stored[1], T0 + 1)], 1000)
+    [fine] = append_entries(redis_client, redis_prefix, [_e(stored[1], T0 + 1)])
     rep = ingest(redis_client, db, redis_prefix, "c1", max_deliveries=5)
     assert (rep.committed, rep.dead, rep.exhausted) == (1, 1, 1)
     assert _history_ids(db) == [fine]
@@ -150,7 +115,7 @@ def test_a_consumer_killed_mid_batch_is_recovered_by_another(
 ):
     """A real subprocess consumer reads a batch, blocks inside its PostgreSQL transaction and is SIGKILLed
     before it can acknowledge; a live consumer then reclaims and applies every entry exactly once."""
-    ids = publish(redis_client, redis_prefix, [_e(stored[i % 3], T0 + i) for i in range(20)], 1000)
+    ids = append_entries(redis_client, redis_prefix, [_e(stored[i % 3], T0 + i) for i in range(20)])
     ensure_group(redis_client, redis_prefix)
     pg_url = db.url.render_as_string(hide_password=False)
     code = (
@@ -261,15 +226,15 @@ def test_postgres_unavailable_for_a_while_then_back_loses_nothing(redis_client, 
     url = db.url.set(host="127.0.0.1", port=fwd.port)
     engine = sa.create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 2})
     try:
-        ids = publish(redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(3)], 1000)
+        ids = append_entries(redis_client, redis_prefix, [_e(stored[0], T0 + i) for i in range(3)])
         assert ingest(redis_client, engine, redis_prefix, "c1").committed == 3
         fwd.down()  # outage: connections cut, new ones refused
-        ids += publish(redis_client, redis_prefix, [_e(stored[1], T0 + 10 + i) for i in range(4)], 1000)
+        ids += append_entries(redis_client, redis_prefix, [_e(stored[1], T0 + 10 + i) for i in range(4)])
         for _ in range(6):  # many passes during the outage: each fails, nothing is acknowledged
             rep = ingest(redis_client, engine, redis_prefix, "c1", max_deliveries=2, min_idle_ms=0,
                          backoff_s=0)
             assert rep.infra_error is not None and rep.committed == 0
-            ids += publish(redis_client, redis_prefix, [_e(stored[2], T0 + 100 + len(ids))], 1000)
+            ids += append_entries(redis_client, redis_prefix, [_e(stored[2], T0 + 100 + len(ids))])
         fwd.up()  # back, same port
         total = {"committed": 0, "dead": 0}
         while True:
@@ -297,11 +262,11 @@ def test_old_pending_entry_holds_the_floor_back_while_new_results_commit(
     key = stream_key(redis_prefix)
     ensure_group(redis_client, redis_prefix)
     assert replay_floor(redis_client, redis_prefix) is None  # nothing delivered yet
-    [e0] = publish(redis_client, redis_prefix, [_e(stored[0], T0)], 1000)
+    [e0] = append_entries(redis_client, redis_prefix, [_e(stored[0], T0)])
     assert ingest(redis_client, db, redis_prefix, "live").committed == 1
-    [e1] = publish(redis_client, redis_prefix, [_e(stored[1], T0 + 1)], 1000)
+    [e1] = append_entries(redis_client, redis_prefix, [_e(stored[1], T0 + 1)])
     redis_client.xreadgroup(GROUP, "stuck", {key: ">"}, count=1)  # delivered, never acknowledged
-    newer = publish(redis_client, redis_prefix, [_e(stored[2], T0 + 2 + i) for i in range(3)], 1000)
+    newer = append_entries(redis_client, redis_prefix, [_e(stored[2], T0 + 2 + i) for i in range(3)])
     rep = ingest(redis_client, db, redis_prefix, "live")  # stuck's entry is not idle long enough to steal
     assert (rep.committed, rep.recovered) == (3, 0)
 
@@ -325,7 +290,7 @@ def test_old_pending_entry_holds_the_floor_back_while_new_results_commit(
 
 
 def test_ledger_min_age_keeps_recent_rows_and_batches_resume(redis_client, redis_prefix, stored, db):
-    publish(redis_client, redis_prefix, [_e(stored[i % 3], T0 + i) for i in range(7)], 1000)
+    append_entries(redis_client, redis_prefix, [_e(stored[i % 3], T0 + i) for i in range(7)])
     ingest(redis_client, db, redis_prefix, "c1")
     floor = replay_floor(redis_client, redis_prefix)
     assert retire_ledger(db, floor, min_age_s=3600)["deleted"] == 0  # too recent
@@ -340,7 +305,7 @@ def test_idle_consumers_without_pending_entries_are_removed_others_kept(
 ):
     key = stream_key(redis_prefix)
     ensure_group(redis_client, redis_prefix)
-    publish(redis_client, redis_prefix, [_e(stored[0], T0)], 1000)
+    append_entries(redis_client, redis_prefix, [_e(stored[0], T0)])
     redis_client.xreadgroup(GROUP, "holder", {key: ">"}, count=1)  # keeps one pending entry
     redis_client.xgroup_createconsumer(key, GROUP, "empty")  # a consumer that holds nothing
     time.sleep(0.06)

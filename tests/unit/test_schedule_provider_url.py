@@ -35,10 +35,9 @@ def test_the_setting_refuses_an_unknown_scheme_at_load():
 
 
 class _Fake:
-    class keys:
-        @staticmethod
-        def shard_of(member):
-            return "s:" + member[:2]
+    @staticmethod
+    def shard_of(member):
+        return "s:" + member[:2]
 
     def payload(self, member):
         return '{"w":[1]}'

@@ -128,12 +128,16 @@ def route_kinds(stack) -> dict[str, str]:
 
 
 def schedule_members(stack) -> tuple[set[str], set[str]]:
-    """(members of every shard, dead-lettered members) of the schedule now."""
-    q = stack.queue()
+    """(members of every shard, dead-lettered members) of the Redis schedule now (read from its keys: the
+    lab's Redis scenarios inspect the layout itself)."""
+    from magpie.queue.keys import QueueKeys
+
+    s = stack.settings()
+    keys = QueueKeys(s.redis_prefix, s.queue_shards)
     members: set[str] = set()
-    for shard in q.keys.all_shards():
+    for shard in keys.all_shards():
         members.update(_s(m) for m in stack.r.zrange(shard, 0, -1))
-    dead = {_s(m) for m in stack.r.zrange(q.keys.dead, 0, -1)}
+    dead = {_s(m) for m in stack.r.zrange(keys.dead, 0, -1)}
     return members, dead
 
 

@@ -229,9 +229,7 @@ class Stack:
 
     def wait_engines(self, n: int, timeout: float = 60.0) -> None:
         """Wait until ``n`` check engines announce their slots; raises RuntimeError (with a log tail)."""
-        from magpie.queue.capacity import CapacityRegistry
-
-        reg = CapacityRegistry(self.r, self.queue().keys)
+        reg = self.queue().capacity_registry()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if len(reg.engines()) >= n:

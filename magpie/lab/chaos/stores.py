@@ -51,17 +51,17 @@ def redis_restart(ctx: Ctx) -> Outcome:
         _, missing = _recheck(st, t_restart, hashes, 40)
         # a rebuild while routes are leased keeps every lease as it is
         q = st.queue()
-        wait_until(lambda: st.r.zcount(q.keys.leased, m.redis_ms(st.r), "+inf") > 0, 15, 0.05)
+        wait_until(lambda: any(le["expires_in_s"] > 0 for le in q.in_flight(n)), 15, 0.05)
         now = m.redis_ms(st.r)
-        leased = {m._s(k): s for k, s in st.r.zrangebyscore(q.keys.leased, now, "+inf", withscores=True)}
+        leased = {le["member"]: le["lease_score"] for le in q.in_flight(n) if le["expires_in_s"] > 0}
         rep = rebuild_schedule(st.settings(), engine=st.engine, queue=q, lock=False)
         after_ms = m.redis_ms(st.r)
         results = m.stream_results(st.r, st.settings().redis_prefix)
         completed = {r.route_hash for r in results if r.at_ms >= now}
         reset = 0
         for member, score in leased.items():
-            cur = st.r.zscore(q.keys.shard_of(member), member)
-            if cur is not None and cur != score and member not in completed and after_ms < score:
+            cur = q.score(member)
+            if cur is not None and cur != score and member not in completed and after_ms < float(score):
                 reset += 1
         st.stop_processes(("promote", "checks"))
         acc = m.result_accounting(st, interval_ms(st))
@@ -133,7 +133,7 @@ def broker_restart(ctx: Ctx) -> Outcome:
         rec_at = time.monotonic()
         st.stop_processes(("promote", "checks"))
         q = st.queue()
-        left = st.r.zcount(q.keys.leased, m.redis_ms(st.r), "+inf")
+        left = sum(1 for le in q.in_flight(n) if le["expires_in_s"] > 0)
         acc = m.result_accounting(st, interval_ms(st))
         routes = m.route_accounting(st)
         out.figures = {"routes": n, "promote_resumed_s": round(resumed, 1) if resumed is not None else -1.0,

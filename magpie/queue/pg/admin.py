@@ -242,6 +242,17 @@ class AdminPlane:
         row = self._row(member, "payload")
         return None if row is None else row[0]
 
+    def payloads(self, members) -> list[str | None]:
+        """The stored payload texts of ``members`` in order (None where missing): one ``SELECT``."""
+        members = list(members)
+        if not members:
+            return []
+        with self.tx() as cur:
+            cur.execute("SELECT route, payload FROM schedule_routes WHERE schedule = %s AND route = ANY(%s)",
+                        (self.name, members))
+            found = dict(cur.fetchall())
+        return [found.get(m) for m in members]
+
     def inspect(self, member: str) -> dict:
         """Everything known about one route, in the shape of :func:`magpie.queue.reads.inspect`, plus
         ``last_silent_ms``: how long the last lease reaped by a claim had gone without a heartbeat."""
@@ -292,6 +303,13 @@ class AdminPlane:
         totals.update(dead=dead, next_due_ms=min((s["next_due_ms"] for s in shards if s["next_due_ms"]), default=None),
                       oldest_lateness_s=max((s["oldest_lateness_s"] for s in shards), default=0.0))
         return {"now_ms": now, "paused": bool(meta and meta[0]), "shards": shards, "totals": totals}
+
+    def dead_count(self) -> int:
+        """How many routes are dead-lettered."""
+        with self.tx() as cur:
+            cur.execute("SELECT count(*) FROM schedule_routes WHERE schedule = %s AND dead_at IS NOT NULL",
+                        (self.name,))
+            return int(cur.fetchone()[0])
 
     def in_flight(self, limit: int = 100) -> list[dict]:
         """Outstanding leases, soonest expiry first: ``[{"member", "lease_score", "expires_in_s",

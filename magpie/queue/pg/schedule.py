@@ -26,7 +26,7 @@ from magpie.queue.pg import merge
 from magpie.queue.pg.admin import AdminPlane
 from magpie.queue.pg.spread import SpreadPlane
 from magpie.queue.pg.sql import CLAIM, LIVE, NOW, score_text, token_ms, ts, values
-from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, QueueError, refusal
+from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueError, refusal
 
 log = logging.getLogger(__name__)
 _ADVISORY = "SELECT pg_advisory_xact_lock(hashtext('magpie.schedule:' || %s))"
@@ -92,6 +92,43 @@ class PgSchedule(AdminPlane, SpreadPlane):
 
             self._redis = redis.Redis.from_url(self._redis_url or "redis://127.0.0.1:6379/0")
         return self._redis
+
+    @property
+    def redis(self):
+        """The Redis holding what lives beside the schedule (:attr:`r`)."""
+        return self.r
+
+    @property
+    def prefix(self) -> str:
+        """The deployment's key prefix (``MAGPIE_REDIS_PREFIX``)."""
+        return self.keys.prefix
+
+    @property
+    def shards(self) -> int:
+        """The shard count (``PROXY_QUEUE_SHARDS``): lease labels and due-time ties here."""
+        return self.keys.shards
+
+    def side_key(self, name: str) -> str:
+        """Key ``name`` under the schedule's hash tag in :attr:`redis`."""
+        return self.keys.base + name
+
+    def shard_of(self, member: str) -> str:
+        """The shard label of a route (its :attr:`Lease.shard`)."""
+        return self.keys.shard_of(member)
+
+    def capacity_registry(self):
+        """The :class:`magpie.queue.capacity.CapacityRegistry` of this schedule's check engines (in Redis)."""
+        from magpie.queue.capacity import CapacityRegistry
+
+        return CapacityRegistry(self.r, self.keys)
+
+    def migrate_payloads(self, cipher, *, encrypt: bool, batch: int = 500, retries: int = 2,
+                         progress=None) -> dict:
+        """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
+        from magpie.errors import RefusedError
+
+        raise RefusedError(Refusal.UNSUPPORTED, detail="migrate-payloads serves the Redis schedule only "
+                                                       "(MAGPIE_SCHEDULE_URL is postgresql://)")
 
     def close(self) -> None:
         """Close this process's database connections."""
@@ -351,22 +388,40 @@ class PgSchedule(AdminPlane, SpreadPlane):
         return codes, outbox
 
     def complete_with_results(self, leases: Sequence[Lease], results: Sequence[dict[str, str] | None] | None,
-                              stream: StreamTarget | None, interval_ms: int | None = None) -> Completion:
-        """Complete ``leases`` and record the result of each completed one, in the same transaction, in the
-        ``schedule_results`` outbox; after the commit the outbox is relayed to ``stream`` exactly once
-        (:mod:`magpie.queue.pg.relay`). A result is recorded iff its lease completed.
+                              stream: StreamTarget | None, interval_ms: int | None = None,
+                              desired: Sequence[str | None] | None = None) -> Completion:
+        """Complete ``leases``, apply the holders' ownership changes (``desired[i]``, as
+        :meth:`magpie.queue.RouteQueue.complete_with_results`) and record the result of each completed
+        lease, in the same transaction, in the ``schedule_results`` outbox; after the commit the outbox is
+        relayed to ``stream`` exactly once (:mod:`magpie.queue.pg.relay`). A result is recorded iff its
+        lease completed (a route removed for want of owners records none).
 
-        Returns a :class:`Completion` (``ids`` of the results the relay appended at once; ``full`` is never
-        set: the outbox holds results until the stream has room). Refused leases are cancelled.
+        Returns a :class:`Completion` (codes 1 completed, ``REMOVED``, or a refusal; ``ids`` of the results
+        the relay appended at once; ``full`` is never set: the outbox holds results until the stream has
+        room). Refused leases are cancelled.
         """
         if not leases:
             return Completion()
-        with self.tx(autocommit=True) as cur:  # one statement: completion and outbox rows together
-            codes, outbox = self._complete_rows(cur, leases, interval_ms, results, stream)
+        changes = [i for i, want in enumerate(desired or ()) if want is not None]
+        if changes:
+            with self.tx() as cur:  # ownership changes, completion and outbox rows in one transaction
+                codes = self._apply_owner_changes(cur, leases, desired, changes)
+                rest = [i for i in range(len(leases)) if i not in codes]
+                if rest:
+                    sub, sub_outbox = self._complete_rows(cur, [leases[i] for i in rest], interval_ms,
+                                                          [results[i] for i in rest] if results else None,
+                                                          stream)
+                    codes.update({rest[j]: c for j, c in sub.items()})
+                    outbox = {rest[j]: oid for j, oid in sub_outbox.items()}
+                else:
+                    outbox = {}
+        else:
+            with self.tx(autocommit=True) as cur:  # one statement: completion and outbox rows together
+                codes, outbox = self._complete_rows(cur, leases, interval_ms, results, stream)
         pending = list(outbox.values())
         out = Completion(codes=[codes[i] for i in range(len(leases))], ids=[None] * len(leases))
         for le, c in zip(leases, out.codes):
-            if c != COMPLETED:
+            if c not in (COMPLETED, REMOVED):
                 le.cancel()
         if pending:
             from magpie.queue.pg.relay import relay
@@ -379,6 +434,33 @@ class PgSchedule(AdminPlane, SpreadPlane):
             out.dropped, out.trimmed = rep.dropped, rep.trimmed
             out.ids = [rep.stream_ids.get(outbox[i]) if i in outbox else None for i in range(len(leases))]
         return out
+
+    def _apply_owner_changes(self, cur, leases: Sequence[Lease], desired: Sequence[str | None],
+                             changes: list[int]) -> dict[int, int]:
+        """Lock the rows of the leases with an ownership change and apply each current holder's delta;
+        ``{index: code}`` of the leases settled here (removed, or refused: ``bad_payload``). The others
+        are completed by the caller in the same transaction (a stale one is refused there)."""
+        cur.execute("SELECT route, payload, lease_token FROM schedule_routes WHERE schedule = %s "
+                    "AND route = ANY(%s) ORDER BY route FOR UPDATE",
+                    (self.name, [leases[i].member for i in changes]))
+        rows = {m: (p, tok) for m, p, tok in cur.fetchall()}
+        codes: dict[int, int] = {}
+        for i in changes:
+            le = leases[i]
+            stored, tok = rows.get(le.member, (None, None))
+            if stored is None or tok != le.lease_score:
+                continue
+            updated = merge.apply_delta(stored, le.payload, desired[i])
+            if updated is None:
+                codes[i] = int(Refusal.BAD_PAYLOAD)
+            elif updated == "":
+                cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s",
+                            (self.name, le.member))
+                codes[i] = REMOVED
+            elif updated != stored:
+                cur.execute("UPDATE schedule_routes SET payload = %s WHERE schedule = %s AND route = %s",
+                            (updated, self.name, le.member))
+        return codes
 
     def complete_one(self, lease: Lease) -> None:
         """Complete a single lease; raises :class:`LeaseLost` / :class:`QueueError` when refused."""
@@ -398,24 +480,14 @@ class PgSchedule(AdminPlane, SpreadPlane):
         return row
 
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
-        """Complete ``lease`` and apply the worker's ownership delta to the payload as stored now.
-        Returns ``"completed"`` or ``"removed"``; raises ``LeaseLost``, ``gone`` or ``bad_payload``."""
-        with self.tx() as cur:
-            stored, _tok, _dead, now = self._locked(cur, lease)
-            updated = merge.apply_delta(stored, lease.payload, desired_payload)
-            if updated is None:
-                raise refusal(Refusal.BAD_PAYLOAD, lease.member)
-            if updated == "":
-                cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s",
-                            (self.name, lease.member))
-                return "removed"
-            due = max(token_ms(lease.previous_score), now) + int(interval_ms or self.interval_ms)
-            cur.execute(
-                f"UPDATE schedule_routes SET payload = %(p)s, due_at = {ts('%(due)s')}, retry = false, "
-                "lease_expires_at = NULL, lease_token = NULL, leased_at = NULL, last_heartbeat_at = NULL, "
-                "stalls = 0, suspect = 0, start_mark = NULL, retries = 0 WHERE schedule = %(s)s AND route = %(m)s",
-                {"p": updated, "due": due, "s": self.name, "m": lease.member})
-        return "completed"
+        """Complete ``lease`` and apply the worker's ownership delta to the payload as stored now
+        (:meth:`complete_with_results`). Returns ``"completed"`` or ``"removed"``; raises ``LeaseLost``,
+        ``gone`` or ``bad_payload``."""
+        comp = self.complete_with_results([lease], None, None, interval_ms, desired=[desired_payload])
+        code = comp.codes[0]
+        if code not in (COMPLETED, REMOVED):
+            raise refusal(code, lease.member)
+        return "removed" if code == REMOVED else "completed"
 
     def retry(self, lease: Lease, delay_ms: int) -> int:
         """End the cycle early, due again after ``delay_ms`` (a backoff retry); returns the retry count.

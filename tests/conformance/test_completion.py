@@ -1,0 +1,61 @@
+"""Completion with results and ownership changes in one fenced call, on every provider: a result is
+recorded iff its lease completed, an ownership change applies only the holder's delta, and a route left
+without owners is removed with no result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from magpie.queue import COMPLETED, LEASE_LOST, REMOVED, Payload
+from magpie.queue.completion import StreamTarget
+from magpie.routes import Route
+
+
+def item(i, ws):
+    h = f"{i:024x}"
+    return h, Payload(i, Route("socks5", "127.0.0.1", 3000 + i), h, list(ws)).encode()
+
+
+@pytest.fixture
+def cq(make_queue, clock):
+    return make_queue(interval_ms=60_000, lease_ms=10_000, clock=clock)
+
+
+def _results(r, key):
+    return [{k.decode(): v.decode() for k, v in f.items()} for _, f in r.xrange(key)]
+
+
+def test_ownership_changes_and_results_complete_together(cq, clock, redis_client, redis_prefix):
+    items = [item(1, [1]), item(2, [1, 2]), item(3, [1])]
+    cq.schedule(items)
+    for h, _ in items:
+        cq.force_due(h, clock.now - 1)
+    leases = sorted(cq.pop(3), key=lambda le: le.member)
+    (h1, _), (h2, _), (h3, _) = items
+    # an import adds workspace 3 to route 2 while its lease is out
+    cq.put_payload(h2, Payload(2, Route("socks5", "127.0.0.1", 3002), h2, [1, 2, 3]).encode())
+    stream = StreamTarget(redis_prefix + "results", "g", 1000)
+    comp = cq.complete_with_results(leases, [{"n": "1"}, {"n": "2"}, {"n": "3"}], stream,
+                                    desired=[None, json.dumps({"w": [2]}), json.dumps({"w": []})])
+    assert comp.codes == [COMPLETED, COMPLETED, REMOVED]
+    assert json.loads(cq.payload(h1))["w"] == [1]
+    assert json.loads(cq.payload(h2))["w"] == [2, 3]  # only the holder's delta; the import's owner stays
+    assert cq.payload(h3) is None and cq.score(h3) is None
+    assert sorted(r["n"] for r in _results(redis_client, stream.key)) == ["1", "2"]  # none for the removed
+    assert cq.status()["totals"]["leased"] == 0
+
+
+def test_a_stale_holders_ownership_change_changes_nothing(cq, clock, redis_client, redis_prefix):
+    h, p = item(1, [1, 2])
+    cq.schedule([(h, p)])
+    cq.force_due(h, clock.now - 1)
+    stale = cq.pop(1)[0]
+    clock.advance(10_001)
+    current = cq.pop(1)[0]
+    stream = StreamTarget(redis_prefix + "results", "g", 1000)
+    comp = cq.complete_with_results([stale], [{"n": "1"}], stream, desired=[json.dumps({"w": []})])
+    assert comp.codes == [LEASE_LOST] and stale.cancelled
+    assert cq.payload(h) == p and redis_client.xlen(stream.key) == 0
+    cq.complete_one(current)
