@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
+from magpie.egress import EgressRefused, resolve_allowed
 from magpie.rotator.pool import RoutePool, Upstream
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,15 @@ class Listener:
         pool: its eligible routes.
         host: bind address. tries: routes tried per connection. connect_timeout / idle_timeout: seconds.
         on_failure: ``on_failure(spec, upstream)`` for every failed upstream (metrics); optional.
+        egress: the :class:`magpie.egress.EgressPolicy` every upstream's resolved address must pass before
+            it is dialled (None: only ``MAGPIE_EGRESS_ONLY``, when set); a refused upstream is a failed one.
     """
 
     def __init__(self, spec: ListenerSpec, pool: RoutePool, *, host: str = "127.0.0.1", tries: int = 3,
                  connect_timeout: float = 10.0, idle_timeout: float = 300.0, on_failure=None,
-                 limit: asyncio.Semaphore | None = None):
+                 limit: asyncio.Semaphore | None = None, egress=None):
         self.spec = spec
+        self.egress = egress
         self.pool = pool
         self.host = host
         self.tries = int(tries)
@@ -325,10 +329,16 @@ class Listener:
                 break
             tried.add(u.route_id)
             try:
+                try:
+                    addr = (await asyncio.wait_for(resolve_allowed(u.host, u.port, self.egress),
+                                                   self.connect_timeout))[0]
+                except EgressRefused as exc:
+                    log.warning("rotator %s: upstream route %s not dialled: %s", self.spec.name, u.route_id, exc)
+                    raise
                 if forward_http and u.protocol in ("http", "https"):
-                    r, w = await asyncio.wait_for(asyncio.open_connection(u.host, u.port), self.connect_timeout)
+                    r, w = await asyncio.wait_for(asyncio.open_connection(addr, u.port), self.connect_timeout)
                 else:
-                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], u.host, u.port, u.username, u.password,
+                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], addr, u.port, u.username, u.password,
                                          rdns=True)
                     sock = await proxy.connect(host, port, timeout=self.connect_timeout)
                     r, w = await asyncio.wait_for(asyncio.open_connection(sock=sock), self.connect_timeout)

@@ -269,7 +269,7 @@ class RotatorProcess:
         pool = RoutePool([], spec.policy, spec.sticky_seconds)
         lis = Listener(spec, pool, host=self.s.rotator_host, tries=self.s.rotator_tries,
                        connect_timeout=self.s.rotator_connect_timeout, idle_timeout=self.s.rotator_idle_timeout,
-                       on_failure=self._failed, limit=self.limit)
+                       on_failure=self._failed, limit=self.limit, egress=self.egress)
         try:
             await self._refresh_pool(lis)
             await lis.start()
