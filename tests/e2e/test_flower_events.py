@@ -22,7 +22,7 @@ from magpie.lab.lab import start_free_lab
 from magpie.ticks import TICK_TASKS, worked
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a 35 s demo-like run: the slow tier
 RUN_S = 35
 PROMOTES = 15
 WORK_PREFIXES = ("magpie.check_routes", "magpie.delivery.", "magpie.email.", "magpie.maintenance.",
