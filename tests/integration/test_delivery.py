@@ -69,14 +69,14 @@ class Receiver:
                     })
                 try:
                     if recv.delay:
-                        time.sleep(recv.delay)
+                        time.sleep(recv.delay)  # the behaviour: a slow receiver
                     what = recv.behaviour(did, n)
                     if what == "crash":  # accepted the body, then died without a reply
                         self.connection.shutdown(socket.SHUT_RDWR)
                         self.close_connection = True
                         return
                     if what == "stall":
-                        time.sleep(1.0)
+                        time.sleep(1.0)  # the behaviour: a receiver that answers after the timeout
                     code = 500 if what == "500" else 204
                     self.send_response(code)
                     self.send_header("Content-Length", "0")
