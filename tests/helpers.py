@@ -43,6 +43,22 @@ async def await_until(pred: Callable[[], T], timeout: float = 15.0, interval: fl
     return got
 
 
+def pending_idle(r, key: str, group: str, min_idle_ms: int) -> bool:
+    """True when every pending entry of consumer group ``group`` on stream ``key`` was delivered at least
+    ``min_idle_ms`` ago (what a claim with that minimum idle time takes over); poll it with
+    :func:`wait_until`."""
+    entries = r.xpending_range(key, group, min="-", max="+", count=10_000)
+    return all(e["time_since_delivered"] >= min_idle_ms for e in entries)
+
+
+def consumers_idle(r, key: str, group: str, names: list[str], min_idle_ms: int) -> bool:
+    """True when each consumer of ``names`` in ``group`` on stream ``key`` has been idle (``XINFO CONSUMERS``)
+    for at least ``min_idle_ms``; poll it with :func:`wait_until`."""
+    idle = {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]: int(c["idle"])
+            for c in r.xinfo_consumers(key, group)}
+    return all(idle.get(n, -1) >= min_idle_ms for n in names)
+
+
 def elapse(seconds: float) -> None:
     """Let ``seconds`` of wall time pass where the passing of time IS the behaviour under test (a TTL or a
     lease running out with nobody renewing it, a quiet period). Callers say why in a comment; waiting for
