@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from helpers import TimedOut, wait_until
+
 from magpie.checker import parse_echo
 from magpie.crypto import get_keyring
 from magpie.importer.parse import parse_lines
@@ -69,12 +71,10 @@ def _get(url: str, proxy: str, timeout: float = 3.0) -> requests.Response:
 
 
 def _wait_for(pred, timeout: float = 3.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return pred()
+    try:
+        return bool(wait_until(pred, timeout=timeout, interval=0.02))
+    except TimedOut:
+        return False
 
 
 # -- layout ------------------------------------------------------------------------------------------
@@ -114,11 +114,10 @@ def test_tarpit_holds_many_connections_and_releases_them(faults):
         for _ in range(n):
             socks.append(socket.create_connection(addr, timeout=5))
         assert _wait_for(lambda: faults.connections()["tarpit"] >= n), faults.connections()
-        time.sleep(0.3)
         poller = select.poll()  # select() cannot take fds above 1023
         for s in socks:
             poller.register(s, select.POLLIN)
-        assert poller.poll(0) == []  # nothing sent, nothing closed
+        assert poller.poll(300) == []  # 300 ms: nothing sent, nothing closed (returns at the first event)
     finally:
         for s in socks:
             s.close()
