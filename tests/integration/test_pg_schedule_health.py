@@ -3,7 +3,6 @@ transaction holding the xmin horizon, dead tuples piling up)."""
 
 from __future__ import annotations
 
-import time
 
 import sqlalchemy as sa
 

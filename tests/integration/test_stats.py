@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from helpers import pending_idle, run_concurrently, wait_until
