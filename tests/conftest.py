@@ -76,11 +76,13 @@ def settings(redis_prefix, request):
     return load_settings(**overrides)
 
 
-@pytest.fixture
-def db(pg_url):
-    """An engine on the session database; all magpie tables are emptied after the test."""
-    engine = sa.create_engine(pg_url)
-    yield engine
+def empty_tables(engine) -> list[str]:
+    """Empty every magpie table and restart every sequence, as ``TRUNCATE ... RESTART IDENTITY`` of all
+    tables would, touching only the tables that hold rows: a ``TRUNCATE`` of the ~40 tables costs 0.3-0.8 s
+    (one cascading from ``workspaces`` about as much), a ``DELETE`` of a test's few rows about 1 ms. Rows
+    go with ``DELETE`` (foreign-key triggers off for the transaction: every table is emptied anyway); the
+    PostgreSQL schedule's tables are truncated, so no dead tuples reach its health check. Returns the
+    tables emptied."""
     with engine.begin() as c:
         tables = [
             r[0]
@@ -90,6 +92,30 @@ def db(pg_url):
                 )
             )
         ]
-        if tables:
-            c.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"))
+        if not tables:
+            return []
+        probe = " UNION ALL ".join(f'SELECT {i} WHERE EXISTS (SELECT 1 FROM "{t}")' for i, t in enumerate(tables))
+        full = [tables[r[0]] for r in c.execute(sa.text(probe))]
+        superuser = c.execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar()
+        schedule = [t for t in full if t.startswith("schedule_") or not superuser]  # DELETE needs superuser
+        if schedule:
+            c.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in schedule) + " RESTART IDENTITY CASCADE"))
+        rest = [t for t in full if t not in schedule]
+        if rest:
+            c.execute(sa.text("SET LOCAL session_replication_role = replica"))
+            for t in rest:
+                c.execute(sa.text(f'DELETE FROM "{t}"'))
+        used = c.execute(sa.text(  # sequences of tables that are empty again (rows deleted, or rolled back)
+            "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND last_value IS NOT NULL")).all()
+        for (name,) in used:
+            c.execute(sa.text(f'ALTER SEQUENCE "{name}" RESTART'))
+    return full
+
+
+@pytest.fixture
+def db(pg_url):
+    """An engine on the session database; all magpie tables are emptied after the test."""
+    engine = sa.create_engine(pg_url)
+    yield engine
+    empty_tables(engine)
     engine.dispose()
