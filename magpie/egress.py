@@ -181,7 +181,8 @@ def _guard_hook(event: str, args: tuple) -> None:
     if not value.strip():
         return
     sock, address = args[0], args[1]
-    if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6) or not isinstance(address, tuple):
+    if getattr(sock, "family", None) not in (socket.AF_INET, socket.AF_INET6) \
+            or not isinstance(address, tuple):
         return
     host = str(address[0])
     if is_ip_literal(host):
@@ -238,7 +239,8 @@ class EgressOnlyPolicy:
             raise EgressRefused(f"destination refused: {why}")
 
     def allowed(self, addresses: Iterable[str]) -> list[str]:
-        """The ones of ``addresses`` inside ``MAGPIE_EGRESS_ONLY``; raises :class:`EgressRefused` when none is."""
+        """The ones of ``addresses`` inside ``MAGPIE_EGRESS_ONLY``; raises :class:`EgressRefused` when none
+        is."""
         addresses = list(addresses)
         ok = [a for a in addresses if egress_only_refusal(a) is None]
         if not ok:

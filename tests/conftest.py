@@ -94,19 +94,22 @@ def empty_tables(engine) -> list[str]:
         ]
         if not tables:
             return []
-        probe = " UNION ALL ".join(f'SELECT {i} WHERE EXISTS (SELECT 1 FROM "{t}")' for i, t in enumerate(tables))
+        probe = " UNION ALL ".join(f'SELECT {i} WHERE EXISTS (SELECT 1 FROM "{t}")'
+                                   for i, t in enumerate(tables))
         full = [tables[r[0]] for r in c.execute(sa.text(probe))]
         superuser = c.execute(sa.text("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")).scalar()
         schedule = [t for t in full if t.startswith("schedule_") or not superuser]  # DELETE needs superuser
         if schedule:
-            c.execute(sa.text("TRUNCATE " + ", ".join(f'"{t}"' for t in schedule) + " RESTART IDENTITY CASCADE"))
+            names = ", ".join(f'"{t}"' for t in schedule)
+            c.execute(sa.text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
         rest = [t for t in full if t not in schedule]
         if rest:
             c.execute(sa.text("SET LOCAL session_replication_role = replica"))
             for t in rest:
                 c.execute(sa.text(f'DELETE FROM "{t}"'))
         used = c.execute(sa.text(  # sequences of tables that are empty again (rows deleted, or rolled back)
-            "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND last_value IS NOT NULL")).all()
+            "SELECT sequencename FROM pg_sequences WHERE schemaname = 'public' AND last_value IS NOT NULL"
+        )).all()
         for (name,) in used:
             c.execute(sa.text(f'ALTER SEQUENCE "{name}" RESTART'))
     return full

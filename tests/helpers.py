@@ -14,7 +14,8 @@ class TimedOut(AssertionError):
     """A polled condition did not hold before its deadline."""
 
 
-def wait_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0.05, what: str = "condition") -> T:
+def wait_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0.05,
+               what: str = "condition") -> T:
     """Poll ``pred()`` every ``interval`` seconds until it returns something truthy, and return that.
 
     Raises :class:`TimedOut` (an ``AssertionError``) naming ``what`` when ``timeout`` seconds pass first
@@ -32,7 +33,7 @@ def wait_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0
 
 async def await_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0.02,
                       what: str = "condition") -> T:
-    """:func:`wait_until` inside an event loop: polls ``pred()`` (a plain callable) without blocking the loop."""
+    """:func:`wait_until` inside an event loop: polls ``pred()`` (a plain callable) without blocking it."""
     deadline = time.monotonic() + timeout
     got = pred()
     while not got:
@@ -126,7 +127,8 @@ def checked_until(procs, db, settings, log_path, stop: Callable, workspace: str 
             return bool(rows) and all((r["checks_total"] or 0) >= rounds for r in rows)
 
         try:
-            wait_until(done, timeout=timeout, interval=0.25, what=f"every route of {workspace} checked {rounds}x")
+            wait_until(done, timeout=timeout, interval=0.25,
+                       what=f"every route of {workspace} checked {rounds}x")
         except TimedOut:
             pass  # the caller asserts on the rows, with the logs
     finally:

@@ -333,7 +333,8 @@ class Listener:
                     addr = (await asyncio.wait_for(resolve_allowed(u.host, u.port, self.egress),
                                                    self.connect_timeout))[0]
                 except EgressRefused as exc:
-                    log.warning("rotator %s: upstream route %s not dialled: %s", self.spec.name, u.route_id, exc)
+                    log.warning("rotator %s: upstream route %s not dialled: %s", self.spec.name, u.route_id,
+                                exc)
                     raise
                 if forward_http and u.protocol in ("http", "https"):
                     r, w = await asyncio.wait_for(asyncio.open_connection(addr, u.port), self.connect_timeout)

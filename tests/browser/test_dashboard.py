@@ -26,7 +26,7 @@ from web_seed import (
     seed,
 )
 
-pytestmark = pytest.mark.slow  # a real browser: the slow tier (the default one drives the same pages over HTTP)
+pytestmark = pytest.mark.slow  # a real browser: the slow tier (the default drives the pages over HTTP)
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

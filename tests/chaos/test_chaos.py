@@ -5,7 +5,8 @@ Every scenario is a whole-system run (Celery processes, private servers, the lab
 sizes, so all of them run in the slow tier (``make test-all``, ``pytest -m slow tests/chaos``): the short
 suite (:data:`magpie.lab.chaos.QUICK_DEFAULT`), the other scenarios at small sizes, and every scenario at
 full size. The default tier covers faults with the killed-worker e2e test and the integration tests
-(private Redis restarts, a stopped and a read-only database, the lab's fault servers). ``benchmarks/chaos.py`` runs the same
+(private Redis restarts, a stopped and a read-only database, the lab's fault servers).
+``benchmarks/chaos.py`` runs the same
 scenarios and prints their figures. Logs of a failed scenario stay in the test's ``tmp_path``.
 """
 

@@ -13,7 +13,7 @@ from magpie.queue import LeaseLost, Payload, QueueError
 from magpie.routes import Route
 
 STEPS = 10_000
-"""Steps of the full run (slow tier); the default tier runs the first :data:`QUICK_STEPS` of the same sequence."""
+"""Steps of the full run (slow tier); the default tier runs the first :data:`QUICK_STEPS` of the sequence."""
 QUICK_STEPS = 2_000
 MEMBERS = [f"{i:024x}" for i in range(30)]
 

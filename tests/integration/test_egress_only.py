@@ -82,7 +82,8 @@ def test_a_subprocess_inherits_the_guard():
     code = ("import socket, magpie\n"
             "try:\n    socket.create_connection(('192.0.2.1', 9), timeout=1)\n"
             "except OSError as exc:\n    print(exc)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=os.environ)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env=os.environ)
     assert out.returncode == 0, out.stderr
     assert "192.0.2.1 is outside MAGPIE_EGRESS_ONLY" in out.stdout
 
@@ -132,8 +133,9 @@ def test_an_outside_rotator_upstream_is_refused(no_dial, caplog):
     from magpie.rotator.pool import RoutePool, Upstream
 
     async def run():
-        spec = ListenerSpec(rotator_id=1, name="r1", port=0, listen=frozenset({"http", "socks5"}), username=None,
-                            password=None, policy="next", sticky_seconds=0, revision=1, workspace_id=1, filters={})
+        spec = ListenerSpec(rotator_id=1, name="r1", port=0, listen=frozenset({"http", "socks5"}),
+                            username=None, password=None, policy="next", sticky_seconds=0, revision=1,
+                            workspace_id=1, filters={})
         pool = RoutePool([Upstream(route_id=7, protocol="socks5", host=OUTSIDE, port=1080)])
         lis = Listener(spec, pool, tries=1, connect_timeout=2, egress=EgressPolicy(True))
         assert await lis._open("127.0.0.1", 80, "127.0.0.1") is None
@@ -141,4 +143,5 @@ def test_an_outside_rotator_upstream_is_refused(no_dial, caplog):
 
     with caplog.at_level("WARNING", logger="magpie.rotator.listener"):
         asyncio.run(run())
-    assert f"upstream route 7 not dialled: destination refused: {OUTSIDE} is outside MAGPIE_EGRESS_ONLY" in caplog.text
+    want = f"upstream route 7 not dialled: destination refused: {OUTSIDE} is outside MAGPIE_EGRESS_ONLY"
+    assert want in caplog.text

@@ -137,7 +137,8 @@ def test_cancelling_a_check_stops_the_attempt_in_flight(faults):
     async def go():
         before = faults.connections()["tarpit"]
         task = asyncio.ensure_future(eng.check(route(faults, "tarpit")))
-        await await_until(lambda: faults.connections()["tarpit"] > before, timeout=5, what="the attempt in flight")
+        await await_until(lambda: faults.connections()["tarpit"] > before, timeout=5,
+                          what="the attempt in flight")
         t0 = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

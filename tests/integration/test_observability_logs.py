@@ -91,7 +91,8 @@ def test_worker_and_beat_write_json_lines_without_secrets(settings, db, pg_url, 
     try:
         def ran():
             assert all(p.poll() is None for p in procs), {n: p.read_text()[-2000:] for n, p in logs.items()}
-            return "succeeded" in logs["worker"].read_text() and "Sending due task" in logs["beat"].read_text()
+            beat = logs["beat"].read_text()
+            return "succeeded" in logs["worker"].read_text() and "Sending due task" in beat
 
         try:
             wait_until(ran, timeout=40, interval=0.25, what="a task run and a beat send")

@@ -162,7 +162,8 @@ def test_read_only_database_for_longer_than_the_delivery_budget_loses_nothing(
 
     def drained():  # the passes read nothing until the backoff is over, then drain the backlog
         total["committed"] += ingest_backlog(redis_client, fresh, s)
-        return pending_summary(redis_client, redis_prefix)["lag"] == 0 and not _deliveries(redis_client, redis_prefix)
+        lag = pending_summary(redis_client, redis_prefix)["lag"]
+        return lag == 0 and not _deliveries(redis_client, redis_prefix)
 
     wait_until(drained, timeout=15, what="the backlog drained")
     assert total["committed"] == len(ids)

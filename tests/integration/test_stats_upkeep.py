@@ -340,7 +340,8 @@ def test_idle_consumers_without_pending_entries_are_removed_others_kept(
     publish(redis_client, redis_prefix, [_e(stored[0], T0)], 1000)
     redis_client.xreadgroup(GROUP, "holder", {key: ">"}, count=1)  # keeps one pending entry
     redis_client.xgroup_createconsumer(key, GROUP, "empty")  # a consumer that holds nothing
-    wait_until(lambda: consumers_idle(redis_client, key, GROUP, ["empty", "holder"], 55), what="idle consumers")
+    wait_until(lambda: consumers_idle(redis_client, key, GROUP, ["empty", "holder"], 55),
+               what="idle consumers")
     assert cleanup_consumers(redis_client, redis_prefix, idle_ms=50) == ["empty"]
     names = {c["name"].decode() for c in redis_client.xinfo_consumers(key, GROUP)}
     assert names == {"holder"}
