@@ -145,3 +145,12 @@ def test_an_outside_rotator_upstream_is_refused(no_dial, caplog):
         asyncio.run(run())
     want = f"upstream route 7 not dialled: destination refused: {OUTSIDE} is outside MAGPIE_EGRESS_ONLY"
     assert want in caplog.text
+
+
+def test_a_value_from_settings_only_reaches_the_guard_and_subprocesses(monkeypatch):
+    from magpie.config import load_settings
+
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY")  # as if it were set in .env only
+    s = load_settings(egress_only=" 127.0.0.0/8 ")
+    assert s.egress_only == "127.0.0.0/8" and os.environ["MAGPIE_EGRESS_ONLY"] == "127.0.0.0/8"
+    assert egress.egress_only_refusal("::1") == "::1 is outside MAGPIE_EGRESS_ONLY (127.0.0.0/8)"
