@@ -30,9 +30,8 @@ def redis_prefix():
     prefix = f"magpie-test:{uuid.uuid4().hex[:12]}:"
     yield prefix
     r = redis.Redis.from_url(REDIS_URL)
-    keys = list(r.scan_iter(match=prefix + "*", count=1000))
-    # hash-tagged keys start with "{prefix}" as well
-    keys += list(r.scan_iter(match="{" + prefix + "*", count=1000))
+    # one pass finds both forms: "<prefix>..." and hash-tagged "{<prefix>...}..."
+    keys = list(r.scan_iter(match="*" + prefix + "*", count=10_000))
     for i in range(0, len(keys), 500):
         r.delete(*keys[i : i + 500])
     r.close()
