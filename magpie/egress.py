@@ -15,7 +15,7 @@ lookup a hostile resolver could answer differently).
 
 **Deny-by-default egress** (``MAGPIE_EGRESS_ONLY``, e.g. ``127.0.0.0/8,::1``): when set, it is an
 allow-list over every destination of the process. Every :class:`EgressPolicy` refuses an address outside
-it before any other rule (checks, judges, webhooks, blacklist and enrichment fetches, rotator upstreams),
+it on top of its own rules (checks, judges, webhooks, blacklist and enrichment fetches, rotator upstreams),
 and :func:`install_socket_guard` adds a process-wide audit hook (:pep:`578`) that refuses any Python
 socket ``connect``/``sendto`` outside it (Redis, the broker, SMTP, the lab's proxies), so a path without a
 policy of its own cannot dial out either. Importing :mod:`magpie` installs the hook when the variable is
