@@ -175,7 +175,7 @@ class Settings(BaseSettings):
     """Deny-by-default egress: when set (CIDRs such as ``127.0.0.0/8,::1``), nothing outside these networks
     is ever dialled: proxies, judges, webhooks, blacklist and enrichment fetches, rotator upstreams, and
     every other Python socket of the process (Redis, broker, SMTP). Checked on every resolved address before
-    the dial, before and besides the ``*_ALLOW_PRIVATE`` rules; inherited by subprocesses. The test suite,
+    the dial, on top of the ``*_ALLOW_PRIVATE`` rules; inherited by subprocesses. The test suite,
     the demo, the lab and the benchmarks run with loopback. Empty: no allow-list."""
     check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0, le=600)
     """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer; at most
