@@ -154,3 +154,17 @@ def test_a_value_from_settings_only_reaches_the_guard_and_subprocesses(monkeypat
     s = load_settings(egress_only=" 127.0.0.0/8 ")
     assert s.egress_only == "127.0.0.0/8" and os.environ["MAGPIE_EGRESS_ONLY"] == "127.0.0.0/8"
     assert egress.egress_only_refusal("::1") == "::1 is outside MAGPIE_EGRESS_ONLY (127.0.0.0/8)"
+
+
+def test_an_outside_route_is_refused_at_import_and_an_outside_judge_when_added(settings, db):
+    from magpie.importer.service import egress_refusal
+    from magpie.judges.store import add_judge
+    from magpie.routes import Route
+
+    s = settings.model_copy(update={"check_allow_private": "true"})
+    refuse = egress_refusal(s)
+    assert refuse(Route("http", OUTSIDE, 8080)) == (
+        f"refused by the egress guard: {OUTSIDE} is outside MAGPIE_EGRESS_ONLY (127.0.0.0/8,::1)")
+    assert refuse(Route("http", "127.0.0.5", 8080)) is None
+    with pytest.raises(EgressRefused, match=f"{OUTSIDE} is outside MAGPIE_EGRESS_ONLY"):
+        add_judge(db, f"http://{OUTSIDE}/", egress=EgressPolicy(True))
