@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 import redis
 import sqlalchemy as sa
 
+os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.config import load_settings
 from magpie.db.migrate import ensure_database, upgrade
 from magpie.maintenance import run_job

@@ -18,6 +18,7 @@ import uuid
 
 import sqlalchemy as sa
 
+os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.crypto import get_keyring
 from magpie.db.migrate import ensure_database, upgrade
 from magpie.db.repo import upsert_routes

@@ -16,7 +16,7 @@ import uuid
 
 import redis
 import sqlalchemy as sa
-from workload import SHARDS, URL, payload_for
+from workload import SHARDS, URL, payload_for  # sets MAGPIE_EGRESS_ONLY before magpie is imported
 
 from magpie.queue import QueueKeys, RouteQueue
 

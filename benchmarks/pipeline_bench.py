@@ -102,6 +102,7 @@ import psutil
 import redis
 import sqlalchemy as sa
 
+os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 ROOT = Path(__file__).resolve().parents[1]
 LAB_ROOT = ROOT  # code of the judge, the fault servers and the harness's own magpie imports (the snapshot)
 PY = sys.executable
@@ -680,6 +681,7 @@ class Run:
             "PROXY_ENCRYPTION_KEY": BENCH_KEY,
             "MAGPIE_JUDGE_URL": judge_url,
             "MAGPIE_CHECK_ALLOW_PRIVATE": "127.0.0.0/8",  # egress guard (engine): the lab is on loopback
+            "MAGPIE_EGRESS_ONLY": "127.0.0.0/8,::1",  # nothing else is ever dialled
             "MAGPIE_CHECK_INTERVAL": f"{s.interval:g}",
             "MAGPIE_CHECK_TIMEOUT": f"{s.timeout:g}",
             "MAGPIE_CHECK_ATTEMPTS": str(s.attempts),

@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import sqlalchemy as sa  # noqa: E402
 
+os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.checker.check import new_event_loop  # noqa: E402
 from magpie.checker.engine import CheckEngine  # noqa: E402
 from magpie.config import load_settings  # noqa: E402

@@ -9,6 +9,7 @@ import uuid
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.queue import Payload  # noqa: E402
 from magpie.routes import Route  # noqa: E402
 

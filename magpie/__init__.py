@@ -4,7 +4,15 @@
 below (loaded lazily so that importing :mod:`magpie` stays cheap for the CLI and tests).
 """
 
+import os as _os
+
 __version__ = "0.1.0"
+
+if _os.environ.get("MAGPIE_EGRESS_ONLY", "").strip():
+    # Deny-by-default egress: the socket guard is in place before anything can dial.
+    from magpie.egress import install_socket_guard as _install
+
+    _install()
 
 
 def __getattr__(name):

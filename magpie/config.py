@@ -175,6 +175,12 @@ class Settings(BaseSettings):
     """Non-public destinations checks may reach: ``false`` (none: only public unicast proxies and judges),
     ``true`` (every private range), or CIDRs such as ``127.0.0.0/8,::1`` (the lab and demo run on loopback).
     Checked at import for IP literals and again before every connection (names after resolution)."""
+    egress_only: str = Field("", alias="MAGPIE_EGRESS_ONLY")
+    """Deny-by-default egress: when set (CIDRs such as ``127.0.0.0/8,::1``), nothing outside these networks
+    is ever dialled: proxies, judges, webhooks, blacklist and enrichment fetches, rotator upstreams, and
+    every other Python socket of the process (Redis, broker, SMTP). Checked on every resolved address before
+    the dial, on top of the ``*_ALLOW_PRIVATE`` rules; inherited by subprocesses. The test suite,
+    the demo, the lab and the benchmarks run with loopback. Empty: no allow-list."""
     check_timeout: float = Field(10.0, alias="MAGPIE_CHECK_TIMEOUT", gt=0, le=600)
     """Hard deadline in seconds over one whole attempt (connect, proxy handshake, request, answer; at most
     10 minutes)."""
@@ -571,6 +577,14 @@ class Settings(BaseSettings):
         parse_allow(v)
         return v
 
+    @field_validator("egress_only")
+    @classmethod
+    def _egress_only(cls, v: str) -> str:
+        from magpie.egress import parse_egress_only
+
+        parse_egress_only(v)
+        return v.strip()
+
     @field_validator("judge_ca_bundle")
     @classmethod
     def _ca_bundle_readable(cls, v: str | None) -> str | None:
@@ -689,7 +703,7 @@ def load_settings(**overrides) -> Settings:
     passwords as ``user:***@``, and any secret value a validator's text repeats is masked too.
     """
     try:
-        return Settings(**overrides)
+        settings = Settings(**overrides)
     except ValidationError as exc:
         parts = []
         for err in exc.errors():
@@ -706,6 +720,13 @@ def load_settings(**overrides) -> Settings:
         secrets = redact.secret_values(redact.raw_values(names, overrides))
         message = redact.scrub("invalid magpie configuration: " + "; ".join(parts), secrets)
         raise ConfigError(message) from None
+    if settings.egress_only and not os.environ.get("MAGPIE_EGRESS_ONLY", "").strip():
+        # set in .env (or an override) only: the guard and subprocesses read the environment
+        from magpie.egress import install_socket_guard
+
+        os.environ["MAGPIE_EGRESS_ONLY"] = settings.egress_only
+        install_socket_guard()
+    return settings
 
 
 @functools.lru_cache(maxsize=1)

@@ -33,6 +33,7 @@ DEMO_DEFAULTS = {
     "MAGPIE_REDIS_URL": "redis://127.0.0.1:6379/0",
     "MAGPIE_DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres",
     "MAGPIE_CHECK_ALLOW_PRIVATE": "127.0.0.0/8",  # the lab is on loopback
+    "MAGPIE_EGRESS_ONLY": "127.0.0.0/8,::1",  # and nothing else is ever dialled
     "MAGPIE_CHECK_INTERVAL": "8",
     "MAGPIE_CHECK_TIMEOUT": "6",
     "MAGPIE_LEASE_SECONDS": "60",

@@ -2,8 +2,69 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from typing import Callable
+import time
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class TimedOut(AssertionError):
+    """A polled condition did not hold before its deadline."""
+
+
+def wait_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0.05,
+               what: str = "condition") -> T:
+    """Poll ``pred()`` every ``interval`` seconds until it returns something truthy, and return that.
+
+    Raises :class:`TimedOut` (an ``AssertionError``) naming ``what`` when ``timeout`` seconds pass first
+    (the last value is shown). The one place tests wait: a condition with a deadline, never a bare sleep.
+    """
+    deadline = time.monotonic() + timeout
+    got = pred()
+    while not got:
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"timed out after {timeout} s waiting for {what} (last: {got!r})")
+        time.sleep(interval)
+        got = pred()
+    return got
+
+
+async def await_until(pred: Callable[[], T], timeout: float = 15.0, interval: float = 0.02,
+                      what: str = "condition") -> T:
+    """:func:`wait_until` inside an event loop: polls ``pred()`` (a plain callable) without blocking it."""
+    deadline = time.monotonic() + timeout
+    got = pred()
+    while not got:
+        if time.monotonic() >= deadline:
+            raise TimedOut(f"timed out after {timeout} s waiting for {what} (last: {got!r})")
+        await asyncio.sleep(interval)
+        got = pred()
+    return got
+
+
+def pending_idle(r, key: str, group: str, min_idle_ms: int) -> bool:
+    """True when every pending entry of consumer group ``group`` on stream ``key`` was delivered at least
+    ``min_idle_ms`` ago (what a claim with that minimum idle time takes over); poll it with
+    :func:`wait_until`."""
+    entries = r.xpending_range(key, group, min="-", max="+", count=10_000)
+    return all(e["time_since_delivered"] >= min_idle_ms for e in entries)
+
+
+def consumers_idle(r, key: str, group: str, names: list[str], min_idle_ms: int) -> bool:
+    """True when each consumer of ``names`` in ``group`` on stream ``key`` has been idle (``XINFO CONSUMERS``)
+    for at least ``min_idle_ms``; poll it with :func:`wait_until`."""
+    idle = {c["name"].decode() if isinstance(c["name"], bytes) else c["name"]: int(c["idle"])
+            for c in r.xinfo_consumers(key, group)}
+    return all(idle.get(n, -1) >= min_idle_ms for n in names)
+
+
+def elapse(seconds: float) -> None:
+    """Let ``seconds`` of wall time pass where the passing of time IS the behaviour under test (a TTL or a
+    lease running out with nobody renewing it, a quiet period). Callers say why in a comment; waiting for
+    anything else uses :func:`wait_until`."""
+    time.sleep(seconds)
 
 
 def run_concurrently(fn: Callable[[], object], threads: int) -> tuple[list, list]:
@@ -51,23 +112,25 @@ def stop_group(proc) -> None:
 
 def checked_until(procs, db, settings, log_path, stop: Callable, workspace: str = "e2e", rounds: int = 2,
                   timeout: float = 60.0) -> list[dict]:
-    """Poll the latest health of ``workspace`` once a second until every route was checked ``rounds`` times
+    """Poll the latest health of ``workspace`` every 0.25 s until every route was checked ``rounds`` times
     (or ``timeout`` seconds pass), failing at once if a process of ``procs`` exits; then ``stop`` each
     process. Returns the last rows read (:func:`magpie.db.repo.latest_health`)."""
-    import time
-
     from magpie.crypto import get_keyring
     from magpie.db.repo import latest_health
 
     rows: list[dict] = []
     try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            time.sleep(1)
+        def done():
+            nonlocal rows
             assert all(p.poll() is None for p in procs), log_path.read_text()[-3000:]
             rows = latest_health(db, workspace, keyring=get_keyring(settings.encryption_key))
-            if rows and all((r["checks_total"] or 0) >= rounds for r in rows):
-                break
+            return bool(rows) and all((r["checks_total"] or 0) >= rounds for r in rows)
+
+        try:
+            wait_until(done, timeout=timeout, interval=0.25,
+                       what=f"every route of {workspace} checked {rounds}x")
+        except TimedOut:
+            pass  # the caller asserts on the rows, with the logs
     finally:
         for p in procs:
             stop(p)

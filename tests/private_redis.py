@@ -8,10 +8,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 import redis
+from helpers import TimedOut, wait_until
 
 
 class PrivateRedis:
@@ -33,14 +33,19 @@ class PrivateRedis:
             [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         c = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
-        for _ in range(200):
+
+        def up():
             try:
-                c.ping()
-                return c
+                return c.ping()
             except redis.ConnectionError:
-                time.sleep(0.025)
-        self.stop()
-        raise RuntimeError("private redis-server did not start")
+                return False
+
+        try:
+            wait_until(up, timeout=5, interval=0.025, what="the private redis-server")
+        except TimedOut:
+            self.stop()
+            raise RuntimeError("private redis-server did not start") from None
+        return c
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -61,12 +66,12 @@ class PrivateRedis:
     @staticmethod
     def wait_until_acquirable(lock, timeout: float = 10.0) -> None:
         """Wait out the quiet period after the server's start (acquires and releases ``lock`` once)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def acquired():
             if lock.acquire():
                 lock.release()
-                return
+                return True
             if lock.refusal != "restarting":
                 raise AssertionError(f"lock refused: {lock.refusal}")
-            time.sleep(0.05)
-        raise AssertionError("quiet period never ended")
+            return False
+
+        wait_until(acquired, timeout=timeout, what="the end of the quiet period")

@@ -46,7 +46,7 @@ from python_socks.async_.asyncio.v2._connect import connect_tcp
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
 from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
-from magpie.egress import EgressPolicy, EgressRefused, is_ip_literal
+from magpie.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
 from magpie.judges.rules import needle_of, validate_rule
 from magpie.routes import Route
 
@@ -151,7 +151,8 @@ class CheckEngine:
             :func:`magpie.checker.tls.judge_ssl_context`). An https judge logs one warning that anonymity
             grading cannot see headers a proxy adds (it only relays the TLS tunnel).
         egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
-            connection is made (host names after resolution); None guards nothing (tools and tests).
+            connection is made (host names after resolution); None guards nothing but
+            ``MAGPIE_EGRESS_ONLY`` when that is set (tools and tests).
         rule: what a valid HTTP 200 answer is: ``echo`` (default), ``status`` or ``contains:<text>``
             (:mod:`magpie.judges.rules`).
         resolver: ``await resolver(host, port) -> list[str]`` resolving host names (a shared
@@ -177,7 +178,7 @@ class CheckEngine:
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"judge URL must be http(s)://host[:port]/path, got {judge_url!r}")
         self.judge_url = judge_url
-        self.egress = egress
+        self.egress = egress if egress is not None else egress_only_policy()
         self.rule = validate_rule(rule)
         self._echo_rule = self.rule == "echo"
         self._needle = needle_of(self.rule)

@@ -6,7 +6,8 @@ with hop-by-hop headers removed, and ``CONNECT host:port`` tunnels. Per instance
 ``delay`` seconds before dialing out (a slow proxy), and dial out from an ``egress`` address. One request
 per client connection; upstream is asked to close after the response.
 
-Destinations are filtered by ``allow`` (by default loopback only): the lab is never an open proxy.
+Destinations are filtered by ``allow`` (by default loopback only) and ``MAGPIE_EGRESS_ONLY``: the lab is
+never an open proxy.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import contextlib
 import ipaddress
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+from magpie.egress import egress_only_refusal, is_ip_literal
 
 VIA_VALUE = "1.1 magpie-lab"
 _HOP_BY_HOP = frozenset(
@@ -162,7 +165,7 @@ class ForwardProxy:
             if method not in ("CONNECT", "GET", "HEAD"):
                 await _reply(writer, "405 Method Not Allowed")
                 return
-            if not self.allow(host):
+            if not self.allow(host) or (is_ip_literal(host) and egress_only_refusal(host)):
                 await _reply(writer, "403 Forbidden")
                 return
             if self.delay > 0:

@@ -19,6 +19,7 @@ import ssl
 from email.message import EmailMessage
 from email.utils import format_datetime, formatdate
 
+from magpie.egress import EgressRefused, check_dial
 from magpie.errors import MagpieError
 
 
@@ -73,6 +74,7 @@ def send_message(msg: EmailMessage, settings) -> None:
     mode = settings.smtp_tls
     host, port, timeout = settings.smtp_host, settings.smtp_port, settings.smtp_timeout
     try:
+        check_dial(host, port)
         ctx = ssl.create_default_context(cafile=settings.smtp_ca_file) if mode != "none" else None
         if mode == "tls":
             client = smtplib.SMTP_SSL(host, port, timeout=timeout, context=ctx)
@@ -92,6 +94,8 @@ def send_message(msg: EmailMessage, settings) -> None:
             client.send_message(msg)
     except SmtpError:
         raise
+    except EgressRefused as exc:  # MAGPIE_EGRESS_ONLY: nothing was dialled
+        raise TemporarySmtpError(str(exc)) from None
     except smtplib.SMTPRecipientsRefused as exc:
         codes = [code for code, _ in exc.recipients.values()]
         text = f"recipient refused: {exc.recipients}"

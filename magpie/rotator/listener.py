@@ -115,6 +115,7 @@ class Listener:
                  upstream_egress=None, resolver=system_resolver, throttle: FailureThrottle | None = None,
                  auth_log: FailureLog | None = None):
         self.spec = spec
+        self.egress = egress
         self.pool = pool
         self.host = host
         self.tries = int(tries)
@@ -402,7 +403,7 @@ class Listener:
                 return r, w, u
             except Exception as exc:  # noqa: BLE001 - any upstream failure: count it, try the next route
                 if isinstance(exc, EgressRefused):
-                    log.warning("rotator %s: upstream %s not dialled: %s", self.spec.name, u.label(), exc)
+                    log.warning("rotator %s: upstream route %s not dialled: %s", self.spec.name, u.route_id, exc)
                 self.stats.upstream_failures += 1
                 self.pool.failed(u)
                 if self.on_failure is not None:

@@ -17,7 +17,7 @@ import ipaddress
 import re
 import socket
 
-from magpie.egress import EgressPolicy, EgressRefused, is_ip_literal
+from magpie.egress import EgressPolicy, EgressRefused, egress_only_refusal, is_ip_literal
 
 DEFAULT_PORTS = "80,443"
 """Destination ports a rotator tunnels to unless configured otherwise."""
@@ -60,14 +60,20 @@ async def system_resolver(host: str, port: int) -> list[str]:
 
 async def resolve_allowed(host: str, port: int, egress: EgressPolicy | None, resolver=system_resolver) -> str:
     """The address to dial for upstream ``host``: itself when an IP literal, else its first resolved address
-    the ``egress`` policy allows. Raises :class:`EgressRefused` (no address allowed) or ``OSError``."""
+    the ``egress`` policy allows (with no policy, the first ``MAGPIE_EGRESS_ONLY`` allows, every one when it
+    is unset). Raises :class:`EgressRefused` (no address allowed) or ``OSError``."""
     if is_ip_literal(host):
         addrs = [host]
     else:
         if egress is not None:
             egress.check_host(host)
         addrs = await resolver(host, port)
-    return egress.allowed(addrs)[0] if egress is not None else addrs[0]
+    if egress is not None:
+        return egress.allowed(addrs)[0]
+    for a in addrs:
+        if egress_only_refusal(a) is None:
+            return a
+    raise EgressRefused(f"destination refused: {egress_only_refusal(addrs[0]) if addrs else 'no address'}")
 
 
 class DestinationPolicy:

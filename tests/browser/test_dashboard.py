@@ -12,11 +12,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from helpers import wait_until
 from web_seed import (
     ROTATOR_INSTANCE,
     ROTATOR_PASSWORD,
@@ -26,6 +26,7 @@ from web_seed import (
     seed,
 )
 
+pytestmark = pytest.mark.slow  # a real browser: the slow tier (the default drives the pages over HTTP)
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -225,10 +226,7 @@ def test_chart_sampler_runs_in_the_server(server, redis_client, settings):
     from magpie.web.samples import read_samples
 
     before = len(read_samples(redis_client, settings.redis_prefix, 1000))
-    deadline = time.monotonic() + 15
     def count() -> int:
         return len(read_samples(redis_client, settings.redis_prefix, 1000))
 
-    while time.monotonic() < deadline and count() <= before:
-        time.sleep(0.5)
-    assert count() > before
+    wait_until(lambda: count() > before, timeout=15, interval=0.25, what="a chart sample")

@@ -1,8 +1,12 @@
 """The fault suite: each scenario of :mod:`magpie.lab.chaos` against the Procfile's real processes, private
 Redis and PostgreSQL servers and the lab, asserting the guarantee it names (its ``failures`` list is empty).
 
-The default run holds a short suite (:data:`magpie.lab.chaos.QUICK_DEFAULT`, small sizes); every scenario
-at full size is marked ``slow`` (``pytest -m slow tests/chaos``). ``benchmarks/chaos.py`` runs the same
+Every scenario is a whole-system run (Celery processes, private servers, the lab) of 15-25 s even at small
+sizes, so all of them run in the slow tier (``make test-all``, ``pytest -m slow tests/chaos``): the short
+suite (:data:`magpie.lab.chaos.QUICK_DEFAULT`), the other scenarios at small sizes, and every scenario at
+full size. The default tier covers faults with the killed-worker e2e test and the integration tests
+(private Redis restarts, a stopped and a read-only database, the lab's fault servers).
+``benchmarks/chaos.py`` runs the same
 scenarios and prints their figures. Logs of a failed scenario stay in the test's ``tmp_path``.
 """
 
@@ -23,6 +27,8 @@ def _run(name, pg, quick, tmp_path):
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", QUICK_DEFAULT)
 def test_short_suite(name, private_pg, tmp_path):
     _run(name, private_pg, True, tmp_path)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
+
+from helpers import elapse, wait_until
 
 from magpie.errors import Refusal
 from magpie.queue import (
@@ -77,8 +78,7 @@ def test_invariant_2_stale_holder_cannot_complete_renew_or_remove(q):
     q.schedule([(h, p)])
     force_due(q, h)
     a = q.pop(1, lease_ms=50)[0]
-    time.sleep(0.1)
-    b = q.pop(1)[0]
+    b = wait_until(lambda: q.pop(1), timeout=5, what="a's lease expired")[0]  # a pop before changes nothing
     assert b.member == h and b.stalled and b.lease_score != a.lease_score
     assert q.complete([a]) == [LEASE_LOST]
     assert q.score(h) == b.lease_score  # unchanged by the stale call
@@ -123,8 +123,7 @@ def test_invariant_3_vanished_holder_is_reclaimed_after_lease_expiry(q):
     force_due(q, h)
     first = q.pop(1, lease_ms=300)[0]
     assert q.pop(1) == []  # still leased: nobody else gets it
-    time.sleep(0.4)
-    again = q.pop(1)
+    again = wait_until(lambda: q.pop(1), timeout=5, what="the lease expired")
     assert [le.member for le in again] == [first.member]
     assert again[0].stalled and float(again[0].previous_score) == float(first.lease_score)
 
@@ -137,7 +136,7 @@ def test_renew_extends_lease_and_keeps_fencing(q):
     old = le.lease_score
     q.renew(le, lease_ms=60_000)
     assert le.lease_score != old and is_lease_score(le.lease_score)
-    time.sleep(0.3)
+    elapse(0.3)  # the behaviour: past the first lease's end
     assert q.pop(1) == []  # renewed lease has not expired
     q.complete_one(le)
 

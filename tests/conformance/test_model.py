@@ -13,6 +13,8 @@ from magpie.queue import LeaseLost, Payload, QueueError
 from magpie.routes import Route
 
 STEPS = 10_000
+"""Steps of the full run (slow tier); the default tier runs the first :data:`QUICK_STEPS` of the sequence."""
+QUICK_STEPS = 2_000
 MEMBERS = [f"{i:024x}" for i in range(30)]
 
 
@@ -98,7 +100,8 @@ class Model:
         self.retries.pop(m, None)
 
 
-def test_random_interleaving_matches_reference_model(make_queue, clock):
+@pytest.mark.parametrize("steps", [QUICK_STEPS, pytest.param(STEPS, marks=pytest.mark.slow)])
+def test_random_interleaving_matches_reference_model(make_queue, clock, steps):
     rnd = random.Random(20261129)
     interval, lease_ms, max_stalled = 5_000, 1_000, 2
     q = make_queue(interval_ms=interval, lease_ms=lease_ms, clock=clock, max_stalled=max_stalled)
@@ -121,7 +124,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
             else:
                 assert (exc.code, expect) == (Refusal.GONE, Refusal.GONE)
 
-    for step in range(STEPS):
+    for step in range(steps):
         op = rnd.choices(
             ["import", "pop", "renew", "complete", "remove", "complete_payload", "retry", "tick", "enqueue",
              "pause", "reprocess"],
@@ -220,7 +223,7 @@ def test_random_interleaving_matches_reference_model(make_queue, clock):
                         model.ws[le.member] = new
                         model.complete(le, new_ws=new)
                 fenced(le, lambda: q.complete_with_payload(le, desired), ok)
-        if step % 25 == 0 or step == STEPS - 1:
+        if step % 25 == 0 or step == steps - 1:
             live = sum(1 for s in model.score.values() if s % 1 == 0.5 and s > model.now)
             expired = sum(1 for s in model.score.values() if s % 1 == 0.5 and s <= model.now)
             totals = q.status()["totals"]

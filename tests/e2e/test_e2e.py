@@ -3,14 +3,14 @@ and the results land in PostgreSQL through the Redis Stream."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import checked_until, spawn_celery, stop_group
+from helpers import TimedOut, checked_until, spawn_celery, stop_group, wait_until
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
@@ -100,9 +100,9 @@ def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg
         victim = spawn(worker_args + ["-n", f"victim-{redis_prefix}@%h"], env, log)
         survivor = None
         try:
-            deadline = time.monotonic() + 30
-            while q.status()["totals"]["leased"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            with contextlib.suppress(TimedOut):  # asserted below
+                wait_until(lambda: q.status()["totals"]["leased"] > 0, timeout=30, interval=0.1,
+                           what="the victim holding a lease")
             held = q.status()["totals"]["leased"]
             assert held > 0, "the victim never held a lease"
             os.killpg(victim.pid, signal.SIGKILL)  # worker and its pool children die mid-check
@@ -110,12 +110,13 @@ def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg
             killed_at = datetime.now(timezone.utc)
             survivor = spawn(worker_args + ["-n", f"survivor-{redis_prefix}@%h"], env, log)
             rows = []
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                time.sleep(1)
-                rows = latest_health(db, "crash", keyring=get_keyring(settings.encryption_key))
-                if rows and all(r["last_checked_at"] and r["last_checked_at"] > killed_at for r in rows):
-                    break
+
+            def rechecked():
+                rows[:] = latest_health(db, "crash", keyring=get_keyring(settings.encryption_key))
+                return rows and all(r["last_checked_at"] and r["last_checked_at"] > killed_at for r in rows)
+
+            with contextlib.suppress(TimedOut):  # asserted below, with the logs
+                wait_until(rechecked, timeout=60, interval=0.25, what="every route checked after the kill")
         finally:
             for p in (beat, victim, survivor):
                 if p is not None:

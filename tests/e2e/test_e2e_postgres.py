@@ -4,15 +4,15 @@ and the Redis Stream; a killed worker's leases are reclaimed by the next claims 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from helpers import checked_until, spawn_celery, stop_group
+from helpers import TimedOut, checked_until, spawn_celery, stop_group, wait_until
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import latest_health
@@ -101,21 +101,22 @@ def test_a_killed_workers_leases_are_reclaimed_on_postgres(settings, db, pg_url,
         victim = spawn_celery(worker_args + ["-n", f"victim-{redis_prefix}@%h"], env, log, ROOT)
         survivor = None
         try:
-            deadline = time.monotonic() + 30
-            while q.status()["totals"]["leased"] == 0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            with contextlib.suppress(TimedOut):  # asserted below
+                wait_until(lambda: q.status()["totals"]["leased"] > 0, timeout=30, interval=0.1,
+                           what="the victim holding a lease")
             assert q.status()["totals"]["leased"] > 0, "the victim never held a lease"
             os.killpg(victim.pid, signal.SIGKILL)
             victim.wait()
             killed_at = datetime.now(UTC)
             survivor = spawn_celery(worker_args + ["-n", f"survivor-{redis_prefix}@%h"], env, log, ROOT)
             rows = []
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                time.sleep(1)
-                rows = latest_health(db, "crash", keyring=get_keyring(settings.encryption_key))
-                if rows and all(r["last_checked_at"] and r["last_checked_at"] > killed_at for r in rows):
-                    break
+
+            def rechecked():
+                rows[:] = latest_health(db, "crash", keyring=get_keyring(settings.encryption_key))
+                return rows and all(r["last_checked_at"] and r["last_checked_at"] > killed_at for r in rows)
+
+            with contextlib.suppress(TimedOut):  # asserted below, with the logs
+                wait_until(rechecked, timeout=60, interval=0.25, what="every route checked after the kill")
         finally:
             for p in (beat, victim, survivor):
                 if p is not None:

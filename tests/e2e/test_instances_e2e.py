@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import spawn_celery, stop_group
+from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
 from magpie.instances import InstanceRegistry
 
@@ -20,13 +20,10 @@ pytestmark = pytest.mark.e2e
 
 
 def _wait(pred, timeout, step=0.25):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        v = pred()
-        if v:
-            return v
-        time.sleep(step)
-    return pred()
+    try:
+        return wait_until(pred, timeout=timeout, interval=step)
+    except TimedOut:
+        return pred()
 
 
 def test_workers_and_beat_register_and_a_killed_worker_disappears_after_its_ttl(settings, db, pg_url,

@@ -121,6 +121,9 @@ def test_import_refuses_private_routes_per_line_and_imports_the_rest(cli, db, tm
     assert "pa ss" not in text.output
 
     monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "10.0.0.0/8")  # the setting decides, nothing else
+    # (an import dials nothing; without the suite's loopback-only list on top, so 10.0.0.1 passes; the
+    # process's socket guard keeps loopback only)
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY")
     get_settings.cache_clear()
     other = json.loads(cli("import", str(f), "-w", "gamma", "--dry-run", "--json").stdout)
     assert (other["valid"], other["duplicates"], other["refused"]) == (2, 1, 5)  # 10.0.0.1 (twice), the name
@@ -231,6 +234,7 @@ def test_tables_print_user_text_literally(cli, db, tmp_path, monkeypatch):
     """Credentials and hosts are data, not rich markup: '[/x]' or '[fe80::1]' must not break a table."""
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.setenv("MAGPIE_CHECK_ALLOW_PRIVATE", "127.0.0.0/8,fe80::/10")  # a link-local route on purpose
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY")  # import and listing dial nothing; the socket guard stays
     get_settings.cache_clear()
     f = tmp_path / "list.txt"
     f.write_text("http://%5B%2Fx%5D:p@127.0.0.1:7001\n[fe80::1]:80\n")

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from helpers import TimedOut, wait_until
+
 from magpie.backoff import Backoff
 from magpie.checker import CheckResult
 from magpie.checkpool import CheckPool
@@ -43,7 +45,7 @@ class FakeEngine:
         self.running += 1
         self.peak = max(self.peak, self.running)
         try:
-            await asyncio.sleep(route.port / 1000)
+            await asyncio.sleep(route.port / 1000)  # the behaviour: a check of port-many milliseconds
         except asyncio.CancelledError:
             self.cancelled.append(route.port)
             raise
@@ -173,8 +175,8 @@ def test_capacity_registry_counts_live_engines_only(redis_client, redis_prefix):
     reg.announce("a", 10_000, 60_000)
     reg.announce("b", 500, 100)
     assert reg.total() == 10_500
-    time.sleep(0.25)  # b's announcement expired: its process stopped beating
-    assert reg.engines() == {"a": 10_000}
+    # b's announcement expires: its process stopped beating
+    wait_until(lambda: reg.engines() == {"a": 10_000}, timeout=5, what="b's announcement expired")
     reg.withdraw("a")
     assert reg.total() == 0
 
@@ -203,9 +205,10 @@ def test_fast_routes_complete_before_a_slow_batch_mate_finishes(q):
     try:
         t0 = time.monotonic()
         pool.submit(q.pop(21))
-        deadline = time.monotonic() + 2.5
-        while len(published) < 20 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        try:
+            wait_until(lambda: len(published) >= 20, timeout=2.5, interval=0.02, what="the fast routes")
+        except TimedOut:
+            pass  # asserted below
         fast_done = time.monotonic() - t0
         assert len(published) == 20, "fast routes waited for their slow batch-mate"
         assert fast_done < 2.0 and engine.running == 1  # the slow one is still running
@@ -249,8 +252,7 @@ def test_lost_lease_cancels_the_attempt_in_flight(q):
     pool = make_pool(q, engine, published, renew_below_ms=59_000)  # renewed at the first renewal tick
     try:
         pool.submit([le])
-        time.sleep(0.2)
-        assert engine.running == 1
+        wait_until(lambda: engine.running == 1, timeout=5, what="the check running")
         q.r.zadd(q.keys.shard_of(le.member), {le.member: 5_000_000_000_000.5})  # another holder's lease
         t0 = time.monotonic()
         assert pool.wait_idle(5)
@@ -279,10 +281,11 @@ def test_stale_completion_drops_the_result(q):
     seed(q, [300])
     le = q.pop(1, lease_ms=60_000)[0]
     published = Published(q)
-    pool = make_pool(q, FakeEngine(), published)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, published)
     try:
         pool.submit([le])
-        time.sleep(0.1)
+        wait_until(lambda: engine.running == 1, timeout=5, what="the check running")
         # the lease moves on under the running check (e.g. an operator re-leased it); no renewal runs
         q.r.zadd(q.keys.shard_of(le.member), {le.member: 5_000_000_000_000.5})
         assert pool.wait_idle(5)
@@ -311,10 +314,11 @@ def test_lease_too_late_to_start_is_handed_back_without_a_stall(q):
 
 def test_closing_hands_back_running_and_pending_leases(q):
     seed(q, [30_000] * 6)
-    pool = make_pool(q, FakeEngine(), Published(q), capacity=3)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q), capacity=3)
     leases = q.pop(6)
     pool.submit(leases)
-    time.sleep(0.1)
+    wait_until(lambda: engine.running == 3, timeout=5, what="three checks running")
     pool.close()
     assert pool.totals.handed_back == 6
     assert q.status()["totals"]["leased"] == 0
@@ -516,7 +520,7 @@ def test_quarantined_leases_are_checked_one_at_a_time_beside_the_others(q):
         for le in leases[:4]:
             le.alone = True
         pool.submit(leases)
-        time.sleep(0.05)
+        wait_until(lambda: engine.running == 6 + 1, timeout=5, what="six ordinary checks and one quarantined")
         assert engine.running == 6 + 1  # the six ordinary ones and one quarantined route
         assert pool.wait_idle(10)
     finally:

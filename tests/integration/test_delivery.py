@@ -69,14 +69,14 @@ class Receiver:
                     })
                 try:
                     if recv.delay:
-                        time.sleep(recv.delay)
+                        time.sleep(recv.delay)  # the behaviour: a slow receiver
                     what = recv.behaviour(did, n)
                     if what == "crash":  # accepted the body, then died without a reply
                         self.connection.shutdown(socket.SHUT_RDWR)
                         self.close_connection = True
                         return
                     if what == "stall":
-                        time.sleep(1.0)
+                        time.sleep(1.0)  # the behaviour: a receiver that answers after the timeout
                     code = 500 if what == "500" else 204
                     self.send_response(code)
                     self.send_header("Content-Length", "0")
@@ -303,7 +303,9 @@ def test_private_targets_are_refused_at_creation(db, settings):
         assert c.execute(sa.text("SELECT count(*) FROM alert_channels")).scalar_one() == 0
 
 
-def test_every_resolved_address_is_checked():
+def test_every_resolved_address_is_checked(monkeypatch):
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY")  # the private-range rules alone; nothing is dialled here
+
     def resolver(*addrs):
         return lambda host, port, **kw: [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port)) for a in addrs]
 

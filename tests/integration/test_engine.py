@@ -7,10 +7,13 @@ byte a second), a slow proxy, a cheap echo proxy and a refused port.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 
 import pytest
+
+from helpers import TimedOut, await_until
 
 from magpie.checker import CheckEngine, Checker
 from magpie.lab.faults import FaultLab
@@ -117,7 +120,9 @@ def test_thousands_of_tarpit_checks_are_in_flight_at_once(faults):
     async def go():
         t0 = time.monotonic()
         tasks = [asyncio.ensure_future(eng.check(route(faults, "tarpit", user=f"u{i}"))) for i in range(n)]
-        await asyncio.sleep(1.0)
+        with contextlib.suppress(TimedOut):  # within the 2 s deadline; the count is asserted below
+            await await_until(lambda: faults.connections()["tarpit"] - before >= n, timeout=1.5,
+                              what="every check's socket held")
         held = faults.connections()["tarpit"] - before
         results = await asyncio.gather(*tasks)
         return held, results, time.monotonic() - t0
@@ -132,8 +137,10 @@ def test_cancelling_a_check_stops_the_attempt_in_flight(faults):
     eng = engine(faults, timeout=30.0, attempts=1)
 
     async def go():
+        before = faults.connections()["tarpit"]
         task = asyncio.ensure_future(eng.check(route(faults, "tarpit")))
-        await asyncio.sleep(0.3)
+        await await_until(lambda: faults.connections()["tarpit"] > before, timeout=5,
+                          what="the attempt in flight")
         t0 = time.monotonic()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -17,6 +17,8 @@ import sqlalchemy as sa
 from mmdb_writer import MMDBWriter
 from netaddr import IPSet
 
+from helpers import wait_until
+
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.enrich.abuse import AbuseError, AbuseIPDBClient, RateLimited, TokenBucket
@@ -84,7 +86,8 @@ def test_lookup_caches_and_notices_a_changed_file(s, geo_files, redis_client):
     stop = threading.Event()
     th = listen(other, redis_client, stop)
     try:
-        time.sleep(0.3)  # subscribed
+        wait_until(lambda: redis_client.pubsub_numsub(channel(s.redis_prefix))[0][1] >= 1,
+                   what="the listener subscribed")
         info = geo.lookup("127.0.1.9")
         assert (info.country, info.asn, info.as_org, info.network_type) == ("DE", 64500, "Hetzner Online GmbH",
                                                                           "datacenter")
@@ -100,9 +103,7 @@ def test_lookup_caches_and_notices_a_changed_file(s, geo_files, redis_client):
         os.utime(geo_files[0], ns=(time.time_ns(), time.time_ns() + 10**9))
         assert geo.refresh(force=True) and geo.revision != first
         assert geo.lookup("127.0.1.9").country == "NL"  # the cache was emptied
-        deadline = time.monotonic() + 5
-        while other._next_look != 0.0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: other._next_look == 0.0, timeout=5, what="the announcement received")
         assert other._next_look == 0.0  # ... but the announcement makes the next lookup look
         assert other.lookup("127.0.1.9").country == "NL" and other.revision == geo.revision
         os.utime(geo_files[0])  # touched, same contents: same revision, nothing announced

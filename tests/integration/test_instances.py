@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from click.testing import CliRunner
+
+from helpers import TimedOut, elapse, wait_until
 
 from magpie.instances import (
     BASE_FIELDS,
@@ -25,12 +26,10 @@ KEY = "test-key-0123456789abcdef"
 
 
 def _wait(pred, timeout=5.0, step=0.05):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(step)
-    return pred()
+    try:
+        return bool(wait_until(pred, timeout=timeout, interval=step))
+    except TimedOut:
+        return False
 
 
 @pytest.fixture
@@ -81,7 +80,7 @@ def test_an_instance_that_stops_refreshing_disappears_after_its_ttl(redis_client
     out = _cli("instances", "--json")
     assert out.exit_code == 0 and sorted(r["role"] for r in json.loads(out.output)) == ["beat", "worker"]
     silent.stop(withdraw=False)  # a crash: no withdrawal, the record only stops being refreshed
-    time.sleep(0.5)
+    elapse(0.5)  # the behaviour: unrefreshed for a while, it is still listed within its TTL
     assert silent.id in [r["id"] for r in reg.list_live()]  # still within its TTL
     assert _wait(lambda: silent.id not in [r["id"] for r in reg.list_live()], timeout=3)
     assert [r["id"] for r in json.loads(_cli("instances", "--json").output)] == [steady.id]
@@ -161,7 +160,8 @@ def test_instance_sweep_job_runs_under_its_lock_and_reports_live_roles(settings,
         Heartbeat("worker", redis_client, redis_prefix, interval=1, ttl=10).beat_once()
         gone = Heartbeat("worker", redis_client, redis_prefix, interval=1, ttl=0.2)
         gone.beat_once()
-        time.sleep(0.35)
+        wait_until(lambda: not redis_client.exists(f"{redis_prefix}instance:{gone.id}"), timeout=5,
+                   what="the unrefreshed record expired")
         held = LeaderLock(redis_client, redis_prefix, "instance_sweep", ttl_ms=5000)
         assert held.acquire()
         assert run_job("instance_sweep", settings, engine=db, redis=redis_client)["status"] == "skipped"

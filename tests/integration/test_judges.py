@@ -14,6 +14,8 @@ import time
 import pytest
 import sqlalchemy as sa
 
+from helpers import wait_until
+
 from magpie.checker.check import LoopThread
 from magpie.checker.judge import make_judge_server
 from magpie.checker.result import CheckResult
@@ -127,9 +129,8 @@ def test_two_judges_one_stopped_checks_go_on_and_the_refresh_job_marks_it(db, se
         assert rows[a.url]["healthy"] is False and "ConnectionError" in rows[a.url]["last_error"]
         assert rows[b.url]["healthy"] is True and rows[b.url]["addresses"] == ["127.0.0.1"]
         assert rows[b.url]["addresses_until"] is not None
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and cache.snapshot.revision != store.read_revision(db):
-            time.sleep(0.05)
+        wait_until(lambda: cache.snapshot.revision == store.read_revision(db), timeout=3,
+                   what="the cache at the stored revision")
         assert {j.url: j.healthy for j in cache.snapshot.judges} == {a.url: False, b.url: True}
 
         a.start()  # same port: the next pass brings it back
@@ -169,8 +170,8 @@ def test_profile_change_reaches_a_running_checker_with_pubsub_blocked(db, settin
         t0 = time.monotonic()
         # no publish at all; socks5 through an HTTP-only proxy cannot succeed
         store.set_profile(db, "alpha", {"protocols": ["socks5"], "timeout": 1, "attempts": 1})
-        while time.monotonic() - t0 < 3 and workspaces[0] not in cache.snapshot.profiles:
-            time.sleep(0.02)
+        wait_until(lambda: workspaces[0] in cache.snapshot.profiles, timeout=3, interval=0.02,
+                   what="the profile in the cache")
         took = time.monotonic() - t0
         assert took <= 0.5 + 0.3, took  # within one reconcile cadence
         res = loop.run(eng.check_payload(payload))  # the running checker uses it at once
@@ -188,11 +189,11 @@ def test_profile_change_reaches_a_running_checker_with_pubsub_blocked(db, settin
 def test_a_notification_wakes_the_cache_before_its_cadence(db, settings, redis_client, workspaces):
     _eng, cache = make_engine(settings, db, redis_client, reconcile_s=30.0)
     try:
-        time.sleep(0.3)  # subscribed
+        wait_until(lambda: redis_client.pubsub_numsub(store.channel(settings.redis_prefix))[0][1] >= 1,
+                   what="the cache subscribed")
         rev = store.set_profile(db, "beta", {"timeout": 4}, redis=redis_client, prefix=settings.redis_prefix)
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and workspaces[1] not in cache.snapshot.profiles:
-            time.sleep(0.02)
+        wait_until(lambda: workspaces[1] in cache.snapshot.profiles, timeout=3, interval=0.02,
+                   what="the notified profile in the cache")
         assert cache.snapshot.profiles[workspaces[1]].timeout == 4.0 and cache.notifications >= 1
         assert rev["timeout"] == 4.0
     finally:

@@ -1,6 +1,6 @@
 """Leader locks against real Redis: exclusivity, hand-over, expiry while the holder stalls."""
 
-import time
+from helpers import elapse, wait_until
 
 from magpie.leader import LeaderLock
 
@@ -19,7 +19,8 @@ def test_stalled_holder_loses_lock_and_its_renewal_fails(redis_client, redis_pre
     a = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=200)
     b = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=5000)
     assert a.acquire()
-    time.sleep(0.3)  # a is paused past its TTL (an injected stall)
+    # a is paused past its TTL (an injected stall): its lock expires
+    wait_until(lambda: not redis_client.exists(a.key), timeout=5, what="a's lock expired")
     assert b.acquire()
     assert not a.renew() and a.lost.is_set()  # compare-and-extend refuses the stale token
     assert b.is_held()
@@ -30,7 +31,7 @@ def test_hold_renews_in_background_and_releases(redis_client, redis_prefix):
     other = LeaderLock(redis_client, redis_prefix, "job", ttl_ms=300)
     with a.hold() as lost:
         assert lost is not None
-        time.sleep(0.8)  # longer than the TTL: only renewal keeps it
+        elapse(0.8)  # the behaviour: longer than the TTL, so only renewal keeps it
         assert a.is_held() and not lost.is_set()
         with other.hold() as none:
             assert none is None

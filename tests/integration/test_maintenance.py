@@ -10,6 +10,8 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from helpers import wait_until
+
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.importer.service import schedule_item
@@ -84,7 +86,7 @@ class _SlowJob(Job):
             self.active += 1
             self.max_active = max(self.max_active, self.active)
             self.runs += 1
-        time.sleep(0.4)
+        time.sleep(0.4)  # the behaviour: a job that takes a while, so two contenders overlap
         with self._lock:
             self.active -= 1
         return {"slept": 0.4}
@@ -112,7 +114,7 @@ def test_only_one_holder_runs_a_job_then_it_hands_over(s, db, redis_client):
     dead = LeaderLock(redis_client, s.redis_prefix, job.lock, ttl_ms=300)
     assert dead.acquire()
     assert run_job(job, s, engine=db)["status"] == "skipped"
-    time.sleep(0.35)
+    wait_until(lambda: not redis_client.exists(dead.key), timeout=5, what="the dead holder's lease run out")
     assert run_job(job, s, engine=db)["status"] == "ok"
     assert job.runs == 3
     [row] = [r for r in read_job_status(db) if r["job"] == "slow_probe"]
@@ -151,7 +153,7 @@ def test_job_that_loses_its_lock_stops_at_the_next_batch(s, db, redis_client):
             while not ctx.should_stop():
                 if n == 2:  # another process took over the lock meanwhile
                     redis_client.set(f"{s.redis_prefix}leader:{self.name}", "thief")
-                    time.sleep(fast.maintenance_lock_ttl / 3 + 0.3)
+                    time.sleep(fast.maintenance_lock_ttl / 3 + 0.3)  # the behaviour: past one renewal
                 ctx.tick()
                 n += 1
             return {"batches": n, "complete": False}

@@ -10,12 +10,11 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import spawn_celery, stop_group
+from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
 from magpie.logs import JsonFormatter
 
@@ -90,12 +89,15 @@ def test_worker_and_beat_write_json_lines_without_secrets(settings, db, pg_url, 
                      files["beat"], ROOT),
     ]
     try:
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            time.sleep(1)
+        def ran():
             assert all(p.poll() is None for p in procs), {n: p.read_text()[-2000:] for n, p in logs.items()}
-            if "succeeded" in logs["worker"].read_text() and "Sending due task" in logs["beat"].read_text():
-                break
+            beat = logs["beat"].read_text()
+            return "succeeded" in logs["worker"].read_text() and "Sending due task" in beat
+
+        try:
+            wait_until(ran, timeout=40, interval=0.25, what="a task run and a beat send")
+        except TimedOut:
+            pass  # the assertions below show the logs
     finally:
         stoppers = [threading.Thread(target=stop_group, args=(p,)) for p in procs]
         for t in stoppers:

@@ -11,6 +11,8 @@ import redis
 import sqlalchemy as sa
 from private_redis import PrivateRedis
 
+from helpers import elapse
+
 from magpie.cycle import give_back_promote_budget, promote_with_settings, take_promote_budget
 from magpie.fencing import StaleLeader, fence, newest_generation
 from magpie.leader import LeaderLock
@@ -39,7 +41,7 @@ def test_redis_restarted_empty_the_holder_stops_within_one_renewal_and_no_two_le
                         return
                 except redis.RedisError:
                     pass
-                time.sleep(0.01)
+                time.sleep(0.01)  # the behaviour: a contender retrying every 10 ms
 
         with a.hold() as lost:
             assert lost is not None
@@ -47,7 +49,7 @@ def test_redis_restarted_empty_the_holder_stops_within_one_renewal_and_no_two_le
             watcher = threading.Thread(
                 target=lambda: lost.wait(10) and times.setdefault("a_stops", time.monotonic()))
             watcher.start()
-            time.sleep(0.1)
+            elapse(0.1)  # the behaviour: a leads (and renews) for a moment before its Redis dies
             times["kill"] = time.monotonic()
             srv.kill()
             th = threading.Thread(target=contender)
@@ -120,7 +122,7 @@ class _Counting(Job):
 
     def run(self, ctx):
         self.runs += 1
-        time.sleep(0.2)
+        time.sleep(0.2)  # the behaviour: a job run that takes a while
         return {"complete": True}
 
 

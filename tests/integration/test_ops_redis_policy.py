@@ -13,6 +13,8 @@ import pytest
 import redis
 from private_redis import PrivateRedis
 
+from helpers import wait_until
+
 from magpie.db.keycheck import verify_key
 from magpie.redis_policy import EvictionPolicyError, check_policy, eviction_policy, verify_redis_policy_at_start
 
@@ -33,15 +35,15 @@ def _start(srv: PrivateRedis, *extra: str) -> redis.Redis:
         [srv.exe, "--port", str(srv.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
          "--dir", srv.dir, *extra], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     c = redis.Redis(port=srv.port, socket_timeout=1, socket_connect_timeout=1)
-    for _ in range(200):
-        try:
-            c.ping()
-            return c
-        except redis.ConnectionError:
-            import time
 
-            time.sleep(0.025)
-    raise RuntimeError("private redis-server did not start")
+    def up():
+        try:
+            return c.ping()
+        except redis.ConnectionError:
+            return False
+
+    wait_until(up, timeout=5, interval=0.025, what="the private redis-server")
+    return c
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl", "allkeys-random"])

@@ -20,27 +20,31 @@ from magpie.lab.lab import start_free_lab
 from helpers import checked_until, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # builds and installs a wheel: the slow tier
 
 CYCLE = """
-import json, magpie
+import json, os, time, magpie
 from magpie import runtime
 from magpie.cycle import promote
 from magpie.queue import Lease
-import time
 pool = runtime.check_pool()
 q = runtime.route_queue()
-deadline = time.monotonic() + 20
-while runtime.capacity_registry().total() == 0 and time.monotonic() < deadline:
-    time.sleep(0.05)  # promote claims nothing until the engine has announced its slots
-n = promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100, max_inflight=100,
-            capacity=runtime.capacity_registry().total())
-ok = pool.wait_idle(60)
+want = int(os.environ["EXPECT_ROUTES"])
+claimed, deadline = 0, time.monotonic() + 60
+# poll: promote claims nothing until the engine has announced its slots; a retried route is claimed again
+while time.monotonic() < deadline and pool.stats().totals.completed < want:
+    cap = runtime.capacity_registry().total()
+    if cap:
+        claimed += promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100,
+                           max_inflight=100, capacity=cap)
+    pool.wait_idle(0.2)
+    time.sleep(0.05)  # the poll interval of this deadline loop (wait_idle returns at once when idle)
+ok = pool.wait_idle(30)
 t = pool.stats().totals
-print(json.dumps({"file": magpie.__file__, "claimed": n, "idle": ok, "completed": t.completed,
+print(json.dumps({"file": magpie.__file__, "claimed": claimed, "idle": ok, "completed": t.completed,
                   "published": t.published}))
 runtime.close_check_pool()
 """
-
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
@@ -98,7 +102,7 @@ def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, 
     lab = start_free_lab(slow_delay=0.2)
     try:
         env = dict(os.environ, MAGPIE_REDIS_URL=settings.redis_url, MAGPIE_REDIS_PREFIX=redis_prefix,
-                   MAGPIE_DATABASE_URL=pg_url, MAGPIE_JUDGE_URL=lab.judge_url, MAGPIE_CHECK_TIMEOUT="3",
+                   MAGPIE_DATABASE_URL=pg_url, MAGPIE_JUDGE_URL=lab.judge_url, MAGPIE_CHECK_TIMEOUT="10",
                    PROXY_ENCRYPTION_KEY=settings.encryption_key, MAGPIE_CHECKS_PER_PROCESS="100")
         lst = installed / "lab.txt"
         lab.write_list(lst)
@@ -116,13 +120,13 @@ def test_wheel_carries_the_scripts_and_runs_import_and_a_check_cycle(installed, 
             if members:
                 redis_client.zadd(shard, {m: 1000 for m in members})
                 redis_client.zadd(redis_prefix + "{default}:proxy_queue_heads", {shard: 1000})
-        cyc = run_installed(installed, env, code=CYCLE)
+        cyc = run_installed(installed, dict(env, EXPECT_ROUTES=str(len(lab.proxies))), code=CYCLE)
         assert cyc.returncode == 0, cyc.stderr
         out = json.loads(cyc.stdout.strip().splitlines()[-1])
     finally:
         lab.stop()
     assert out["file"].startswith(str(installed / "site")), out  # the installed copy, not the checkout
-    assert out["claimed"] == len(lab.proxies) and out["idle"]
+    assert out["claimed"] >= len(lab.proxies) and out["idle"]
     assert out["completed"] == out["published"] == len(lab.proxies)
 
 

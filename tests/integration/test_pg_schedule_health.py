@@ -3,9 +3,10 @@ transaction holding the xmin horizon, dead tuples piling up)."""
 
 from __future__ import annotations
 
-import time
 
 import sqlalchemy as sa
+
+from helpers import elapse
 
 from magpie.health import check_health
 from magpie.queue import QueueKeys
@@ -35,7 +36,7 @@ def test_a_long_transaction_and_dead_tuples_raise_warnings(db, pg_url, redis_pre
         assert not warn, detail
         holder.exec_driver_sql("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.exec_driver_sql("SELECT count(*) FROM schedule_routes")  # takes a snapshot: the xmin horizon
-        time.sleep(1.0)
+        elapse(1.0)  # the behaviour: the snapshot must grow older than horizon_s
         for _ in range(20):  # churn: every cycle leaves a dead version of each row
             q.complete(q.pop(50))
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:

@@ -9,6 +9,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
+from helpers import elapse
+
 from magpie.cli import main
 from magpie.config import get_settings
 
@@ -47,7 +49,7 @@ def test_claim_heartbeat_complete_and_refusals(cli, tmp_path):
     empty = cli("queue", "claim", "--json", code=3)
     assert json.loads(empty.stdout) == {"ok": False, "refused": "empty", "member": None}
 
-    time.sleep(0.05)
+    elapse(0.05)  # the behaviour: the renewed lease ends at a later server millisecond than the first
     renewed = cli("queue", "heartbeat", lease["token"]).stdout.strip()
     assert renewed != lease["token"] and renewed.split(":")[0] == lease["member"]
     stale = cli("queue", "heartbeat", lease["token"], "--json", code=3)

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from helpers import wait_until
+
 from magpie.checker import CheckResult
 from magpie.checkpool import CheckPool
 from magpie.cli import main
@@ -157,7 +159,7 @@ class RecordingEngine:
 
     async def check(self, route, before_attempt=None):
         self.seen.append((route.port, route.username, route.password))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a yield to the loop, as a real check makes; not a wait
         return CheckResult(True, 1.0, 200, 1, None, "{}", "elite", self.judge_url, int(time.time() * 1000))
 
     async def check_payload(self, payload, before_attempt=None):
@@ -174,9 +176,14 @@ def run_pool(q, cipher):
                      payload_cipher=cipher).start()
     try:
         make_all_due(q)
-        promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100, max_inflight=100)
+        n = promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100, max_inflight=100)
         assert pool.wait_idle(10)
-        time.sleep(0.2)
+
+        def accounted():
+            t = pool.stats().totals
+            return t.completed + t.malformed >= n
+
+        wait_until(accounted, timeout=10, what="every claimed lease completed or reported malformed")
         return engine, pool.stats().totals
     finally:
         pool.close()

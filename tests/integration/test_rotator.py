@@ -18,11 +18,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import requests
 import sqlalchemy as sa
+
+from helpers import wait_until
 
 from magpie.crypto import get_keyring
 from magpie.errors import Refusal, RefusedError
@@ -119,13 +120,7 @@ def make_proc(rset, db, redis_client, keyring):
 
 
 def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(pred, timeout=timeout, what=what)
 
 
 def serving(redis_client, prefix, rid):

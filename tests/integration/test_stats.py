@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
-from helpers import append_entries, run_concurrently
+from helpers import append_entries, pending_idle, run_concurrently, wait_until
 import sqlalchemy as sa
 
 from magpie.crypto import get_keyring
@@ -148,7 +147,7 @@ def test_replay_after_crash_between_commit_and_ack_writes_no_duplicates(
         ingest(_CrashBeforeAck(redis_client), db, redis_prefix, "doomed")
     assert len(_history(db)) == 2  # committed ...
     assert _pending(redis_client, redis_prefix) == 2  # ... but never acknowledged
-    time.sleep(0.05)
+    wait_until(lambda: pending_idle(redis_client, stream_key(redis_prefix), GROUP, 25), what="idle entries")
     rep = ingest(redis_client, db, redis_prefix, "survivor", min_idle_ms=20)
     assert (rep.read, rep.recovered, rep.committed, rep.replayed, rep.dead) == (2, 2, 0, 2, 0)
     assert [h[3] for h in _history(db)] == ids  # no duplicate rows
@@ -166,7 +165,7 @@ def test_pending_entries_of_a_dead_consumer_are_recovered(db, redis_client, redi
     # Not idle long enough yet: a live consumer leaves them alone.
     rep = ingest(redis_client, db, redis_prefix, "live")
     assert rep.read == 0 and _pending(redis_client, redis_prefix) == 4
-    time.sleep(0.05)
+    wait_until(lambda: pending_idle(redis_client, stream_key(redis_prefix), GROUP, 25), what="idle entries")
     rep = ingest(redis_client, db, redis_prefix, "live", min_idle_ms=20)
     assert (rep.read, rep.recovered, rep.committed) == (4, 4, 4)
     assert [h[3] for h in _history(db)] == ids
@@ -216,7 +215,7 @@ def test_entry_trimmed_while_pending_is_dead_lettered(db, redis_client, redis_pr
     ids = append_entries(redis_client, redis_prefix, [_entry(a, True, T0), _entry(a, True, T0 + 1)])
     redis_client.xreadgroup(GROUP, "gone", {stream_key(redis_prefix): ">"}, count=10)
     redis_client.xdel(stream_key(redis_prefix), ids[0])
-    time.sleep(0.05)
+    wait_until(lambda: pending_idle(redis_client, stream_key(redis_prefix), GROUP, 25), what="idle entries")
     rep = ingest(redis_client, db, redis_prefix, "c1", min_idle_ms=20)
     assert rep.committed == 1 and rep.dead == 1
     [(_, fields)] = redis_client.xrange(dead_key(redis_prefix))
@@ -244,8 +243,11 @@ def test_postgres_down_reads_nothing_backs_off_and_then_commits_everything(
     # While the backoff runs nobody reads, even with the database back.
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert rep.skipped and rep.read == 0 and rep.infra_error is not None
-    time.sleep(rep.backoff_s + 0.05)
-    rep = ingest(redis_client, db, redis_prefix, "c1")
+    def after_backoff():  # a skipped pass reads nothing: polling ingest changes nothing until it reads
+        r = ingest(redis_client, db, redis_prefix, "c1")
+        return None if r.skipped else r
+
+    rep = wait_until(after_backoff, timeout=rep.backoff_s + 10, what="the backoff over")
     assert (rep.read, rep.committed, rep.dead, rep.infra_cleared) == (3, 3, 0, 1)
     assert sorted(h[3] for h in _history(db)) == sorted(ids)
     assert _pending(redis_client, redis_prefix) == 0

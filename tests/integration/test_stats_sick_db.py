@@ -16,6 +16,8 @@ from helpers import append_entries
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from helpers import wait_until
+
 from magpie.config import get_settings
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
@@ -147,7 +149,7 @@ def test_read_only_database_for_longer_than_the_delivery_budget_loses_nothing(
                                     "stats_infra_backoff_cap": 0.6, "stats_batch": 20})
     before = _deliveries(redis_client, redis_prefix)
     deadline = time.monotonic() + 2.5
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the behaviour: for 2.5 s of backoffs, nothing is read
         assert ingest_backlog(redis_client, fresh, s) == 0
         time.sleep(0.05)
     assert _deliveries(redis_client, redis_prefix) == before  # nothing re-delivered: the trial writes failed
@@ -156,13 +158,14 @@ def test_read_only_database_for_longer_than_the_delivery_budget_loses_nothing(
     assert "read-only" in summary["infra"]["error"]
 
     read_only(False)
-    time.sleep(0.7)  # past the longest backoff
     total = {"committed": 0}
-    for _ in range(20):
+
+    def drained():  # the passes read nothing until the backoff is over, then drain the backlog
         total["committed"] += ingest_backlog(redis_client, fresh, s)
         lag = pending_summary(redis_client, redis_prefix)["lag"]
-        if lag == 0 and not _deliveries(redis_client, redis_prefix):
-            break
+        return lag == 0 and not _deliveries(redis_client, redis_prefix)
+
+    wait_until(drained, timeout=15, what="the backlog drained")
     assert total["committed"] == len(ids)
     assert _history(db) == sorted(ids)  # 0 lost, none twice
     summary = pending_summary(redis_client, redis_prefix)

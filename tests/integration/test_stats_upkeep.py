@@ -11,11 +11,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import sqlalchemy as sa
 from helpers import append_entries
+
+from helpers import consumers_idle, pending_idle, wait_until
 
 from magpie.crypto import get_keyring
 from magpie.db.repo import upsert_routes
@@ -130,20 +131,16 @@ def test_a_consumer_killed_mid_batch_is_recovered_by_another(
     blocker.execute(sa.text("LOCK TABLE stats_ledger IN ACCESS EXCLUSIVE MODE"))  # the victim will wait here
     proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        def waiting():
             with db.connect() as c:
-                waiting = c.execute(
+                return c.execute(
                     sa.text(
                         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                         "AND wait_event_type = 'Lock' AND query LIKE '%stats_ledger%'"
                     )
                 ).scalar_one()
-            if waiting:
-                break
-            time.sleep(0.05)
-        else:
-            pytest.fail("the victim consumer never reached its database write")
+
+        wait_until(waiting, timeout=20, what="the victim consumer at its database write")
         assert redis_client.xpending(stream_key(redis_prefix), GROUP)["pending"] == 20
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
@@ -153,7 +150,7 @@ def test_a_consumer_killed_mid_batch_is_recovered_by_another(
             proc.wait()
         tx.rollback()
         blocker.close()
-    time.sleep(0.1)
+    wait_until(lambda: pending_idle(redis_client, stream_key(redis_prefix), GROUP, 55), what="idle entries")
     rep = ingest(redis_client, db, redis_prefix, "survivor", min_idle_ms=50)
     assert (rep.read, rep.recovered, rep.committed, rep.dead) == (20, 20, 20, 0)
     assert _history_ids(db) == sorted(ids)
@@ -280,7 +277,7 @@ def test_old_pending_entry_holds_the_floor_back_while_new_results_commit(
     assert trim_consumed(redis_client, redis_prefix) == 1
     assert [i.decode() for i, _ in redis_client.xrange(key)] == [e1, *newer]
 
-    time.sleep(0.05)
+    wait_until(lambda: pending_idle(redis_client, key, GROUP, 25), what="the stuck entry idle")
     assert ingest(redis_client, db, redis_prefix, "live", min_idle_ms=20).committed == 1
     floor = replay_floor(redis_client, redis_prefix)
     assert floor.source == "delivered" and (floor.ms, floor.seq) > tuple(map(int, newer[-1].split("-")))
@@ -308,7 +305,8 @@ def test_idle_consumers_without_pending_entries_are_removed_others_kept(
     append_entries(redis_client, redis_prefix, [_e(stored[0], T0)])
     redis_client.xreadgroup(GROUP, "holder", {key: ">"}, count=1)  # keeps one pending entry
     redis_client.xgroup_createconsumer(key, GROUP, "empty")  # a consumer that holds nothing
-    time.sleep(0.06)
+    wait_until(lambda: consumers_idle(redis_client, key, GROUP, ["empty", "holder"], 55),
+               what="idle consumers")
     assert cleanup_consumers(redis_client, redis_prefix, idle_ms=50) == ["empty"]
     names = {c["name"].decode() for c in redis_client.xinfo_consumers(key, GROUP)}
     assert names == {"holder"}
@@ -316,6 +314,6 @@ def test_idle_consumers_without_pending_entries_are_removed_others_kept(
     assert delete_empty_consumers(redis_client, redis_prefix, ["holder"]) == []
     assert _pending(redis_client, redis_prefix) == 1
     ingest(redis_client, db, redis_prefix, "live", min_idle_ms=20)  # reclaims holder's entry
-    time.sleep(0.06)
+    wait_until(lambda: consumers_idle(redis_client, key, GROUP, ["holder"], 55), what="holder idle")
     assert "holder" in cleanup_consumers(redis_client, redis_prefix, idle_ms=50)
     assert _pending(redis_client, redis_prefix) == 0

@@ -15,6 +15,7 @@ from browser.web_seed import (
     seed,
 )
 from fastapi.testclient import TestClient
+from helpers import wait_until
 
 TOKEN = "dashboard-token-0123456789"
 
@@ -413,7 +414,6 @@ def test_a_running_rotator_process_shows_as_serving(settings, db, redis_client):
     import asyncio
     import socket
     import threading
-    import time
 
     from magpie.crypto import get_keyring
     from magpie.db.repo import ensure_workspace
@@ -424,8 +424,9 @@ def test_a_running_rotator_process_shows_as_serving(settings, db, redis_client):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     s = settings.model_copy(update={"rotator_ports": f"{port}-{port}", "rotator_reconcile": 0.3,
-                                        "instance_heartbeat": 0.3, "instance_ttl": 2.0,
-                                        "rotator_pool_refresh": 0.5})
+                                        "instance_heartbeat": 0.3, "instance_ttl": 30.0,
+                                        "rotator_pool_refresh": 0.5})  # a long TTL: a loaded machine's stall
+    # never expires the instance mid-test (a clean stop withdraws it at once, asserted below)
     keyring = get_keyring(s.encryption_key)
     ensure_workspace(db, "live")
     add_rotator(db, keyring, name="live-one", workspace="live", ports=s.rotator_ports, username="u",
@@ -441,30 +442,33 @@ def test_a_running_rotator_process_shows_as_serving(settings, db, redis_client):
     thread.start()
 
     def wait(pred, what):
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            got = pred()
-            if got:
-                return got
-            time.sleep(0.1)
-        raise AssertionError(f"timed out waiting for {what}")
+        return wait_until(pred, timeout=30, interval=0.1, what=what)
 
     try:
         with make_client(s, db, redis_client) as c:
             def row():
                 return c.get("/api/rotators").json()["rotators"][0]
 
-            got = wait(lambda: row() if row()["state"] == "serving" else None, "a serving listener")
+            def serving():
+                r = row()
+                return r if r["state"] == "serving" else None
+
+            got = wait(serving, "a serving listener")
             assert (got["instance"], got["port"], got["pool"], got["auth"]) == (proc.id, port, 0, True)
             with socket.create_connection(("127.0.0.1", port), timeout=5) as cl:
                 cl.sendall(b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
                 assert cl.recv(100).startswith(b"HTTP/1.1 407")  # credentials required
             wait(lambda: (row()["connections"] or 0) >= 1, "the connection counted")
-            inst = c.get("/api/instances", params={"role": "rotator"}).json()["instances"]
-            assert [(i["id"], i["rotators"]) for i in inst] == [(proc.id, ["live-one"])]
+
+            def listed():
+                inst = c.get("/api/instances", params={"role": "rotator"}).json()["instances"]
+                return [(i["id"], i["rotators"]) for i in inst] == [(proc.id, ["live-one"])]
+
+            wait(listed, "the rotator instance listed with its rotator")
             page = c.get("/rotators").text
             assert "live-one" in page and "serving" in page and ROTATOR_PASSWORD not in page
     finally:
+        wait(lambda: "loop" in box, "the rotator's event loop")
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(15)
     assert not thread.is_alive()

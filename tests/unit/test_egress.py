@@ -24,6 +24,13 @@ REFUSED = [
 ALLOWED = ["8.8.8.8", "1.1.1.1", "2606:4700::1111", "::ffff:8.8.8.8", "2002:0808:0808::1", "64:ff9b::808:808"]
 
 
+@pytest.fixture(autouse=True)
+def _rules_alone(monkeypatch):
+    """These units test the private-range rules alone: no ``MAGPIE_EGRESS_ONLY`` allow-list on top (the
+    process's socket guard stays in place: nothing is dialled)."""
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY", raising=False)
+
+
 @pytest.mark.parametrize("address,why", REFUSED)
 def test_non_public_addresses_are_refused(address, why):
     p = EgressPolicy()

@@ -113,7 +113,7 @@ def test_concurrent_lookups_of_one_name_share_one_resolution():
 
     async def resolve(host, port):
         calls.append(host)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the behaviour: a slow resolver, so the lookups overlap
         return ["127.0.0.1"], None
 
     cache = DnsCache(resolve=resolve)

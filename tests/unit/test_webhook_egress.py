@@ -45,6 +45,13 @@ REFUSED = [
 NEVER = {"224.0.0.1", "ff02::1", "0.0.0.0", "::"}  # refused whatever the allow setting
 
 
+@pytest.fixture(autouse=True)
+def _rules_alone(monkeypatch):
+    """These units test the private-range rules alone: no ``MAGPIE_EGRESS_ONLY`` allow-list on top (the
+    process's socket guard stays in place: nothing is dialled)."""
+    monkeypatch.delenv("MAGPIE_EGRESS_ONLY", raising=False)
+
+
 class Dialled(Exception):
     """Raised by the stand-in pool: the code tried to connect."""
 
