@@ -115,7 +115,6 @@ class Listener:
                  upstream_egress=None, resolver=system_resolver, throttle: FailureThrottle | None = None,
                  auth_log: FailureLog | None = None):
         self.spec = spec
-        self.egress = egress
         self.pool = pool
         self.host = host
         self.tries = int(tries)
