@@ -99,21 +99,36 @@ def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) ->
 def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
     """Payload, score, state, stall count, retries, progress and recent logs of one route (the password
     masked)."""
-    _emit(as_json, _masked(_known(state.queue.inspect(route_hash))))
+    from magpie.queue.payload import payload_revision
+
+    info = _masked(_known(state.queue.inspect(route_hash)))
+    info["payload_revision"] = payload_revision(state.queue.payload(route_hash))
+    _emit(as_json, info)
 
 
 @queue.command("update")
 @click.argument("route_hash", callback=_route_hash)
 @click.argument("payload")
+@click.option("--expected-revision", required=True, metavar="REV",
+              help="The payload_revision `magpie queue inspect` printed; refused if the payload changed since.")
+@click.option("--force", is_flag=True, help="Update even under a live lease.")
 @json_option
 @pass_state
-def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) -> None:
+def queue_update(state: CliState, route_hash: str, payload: str, expected_revision: str, force: bool,
+                 as_json: bool) -> None:
     """Replace a route's stored payload (JSON text in the payload format, see magpie/queue/payload.py).
 
-    The payload is validated and stored in its canonical compact form. Changing host, port, protocol or
-    credentials here does not change the route hash: re-import the route instead."""
+    The payload is validated and stored in its canonical compact form. The update is fenced: refused
+    (payload_changed, exit 3) when the stored payload is no longer the revision you read, and
+    (active_leases) under a live lease unless --force. Changing host, port, protocol or credentials here
+    does not change the route hash: re-import the route instead.
+
+    \b
+    Example:
+      magpie queue inspect 0123456789abcdef01234567      # note payload_revision
+      magpie queue update 0123456789abcdef01234567 '{"v":1,...}' --expected-revision 3f2a9c0d1e4b5a6f"""
     from magpie.queue import Payload, PayloadError
-    from magpie.queue.payload import read_cipher, write_cipher
+    from magpie.queue.payload import payload_revision, read_cipher, write_cipher
 
     try:  # refuse malformed input before it reaches Redis; sealed credentials ('c', v 2) are opened
         decoded = Payload.decode(payload, read_cipher(state.settings))
@@ -123,8 +138,14 @@ def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) 
         raise MagpieError(f"payload rejected: its route hash 'k' ({decoded.route_hash}) is not {route_hash}")
     if not decoded.workspaces:
         raise MagpieError("payload rejected: 'w' must name at least one workspace")
-    # the compact form the scripts merge workspaces into; PROXY_QUEUE_ENCRYPT_CREDENTIALS seals credentials
-    state.queue.update(route_hash, decoded.encode(write_cipher(state.settings)))
+    current = state.queue.payload(route_hash)
+    if current is None:
+        raise RefusedError(Refusal.GONE, route_hash)
+    if payload_revision(current) != expected_revision.strip().lower():
+        raise RefusedError(Refusal.PAYLOAD_CHANGED, route_hash)
+    # the compact form the scripts merge workspaces into; PROXY_QUEUE_ENCRYPT_CREDENTIALS seals credentials;
+    # the script compares `current` with the stored text again, atomically with the write
+    state.queue.update(route_hash, decoded.encode(write_cipher(state.settings)), current, force=force)
     _emit(as_json, "updated")
 
 

@@ -418,18 +418,36 @@ class RouteQueue:
         status, deleted = res
         return _s(status), int(deleted)
 
-    def remove_route(self, member: str, force: bool = False) -> None:
-        """Operator removal of one route. Raises :class:`QueueError` ``gone``, or ``active_leases``
-        while a live lease is out unless ``force``."""
+    def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:
+        """Operator removal of one route (``admin_remove.lua``).
+
+        Args:
+            member: the route hash. force: remove even under a live lease.
+            expected: the payload text the caller read (:meth:`payload`); when given, the removal is
+                refused if the stored payload differs (a concurrent import or update). None skips that fence.
+        Raises :class:`QueueError` ``gone``; ``active_leases`` while a live lease is out unless ``force``;
+        ``payload_changed`` (nothing removed).
+        """
         k = self.keys
         res = int(self._one(self.scripts.admin_remove, k.shard_of(member), [
-            self._now(), k.payload_prefix, k.logs_prefix, member, "1" if force else "0"]))
+            self._now(), k.payload_prefix, k.logs_prefix, member, "1" if force else "0",
+            "" if expected is None else expected]))
         if is_refusal(res):
             raise refusal(res, member)
 
-    def update(self, member: str, payload: str) -> None:
-        """Operator replacement of a route's payload; the schedule is untouched. Raises ``gone``."""
-        res = int(self.scripts.update(keys=self._core, args=[self.keys.payload_prefix, member, payload]))
+    def update(self, member: str, payload: str, expected: str, force: bool = False) -> None:
+        """Operator replacement of a route's payload (``update.lua``); the schedule is untouched.
+
+        Args:
+            member: the route hash. payload: the new payload text (:meth:`Payload.encode`).
+            expected: the payload text the caller built ``payload`` from (:meth:`payload`).
+            force: update even under a live lease.
+        Raises :class:`QueueError` ``gone``; ``payload_changed`` when the stored payload is no longer
+        ``expected`` (an import added a workspace since the read); ``active_leases`` under a live lease
+        unless ``force``. A refusal changes nothing.
+        """
+        res = int(self._one(self.scripts.update, self.keys.shard_of(member), [
+            self._now(), self.keys.payload_prefix, member, payload, expected, "1" if force else "0"]))
         if is_refusal(res):
             raise refusal(res, member)
 

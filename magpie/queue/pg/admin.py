@@ -173,27 +173,40 @@ class AdminPlane:
             cur.execute("DELETE FROM schedule_results WHERE schedule = %s", (self.name,))
         return "done", deleted
 
-    def remove_route(self, member: str, force: bool = False) -> None:
-        """Operator removal of one route. Refusals: ``gone``; ``active_leases`` under a live lease unless
-        ``force`` (its holder's completion then finds it gone)."""
+    def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:
+        """Operator removal of one route. ``expected``: the payload text the caller read (None: no payload
+        fence). Refusals: ``gone``; ``payload_changed`` (stored payload is not ``expected``);
+        ``active_leases`` under a live lease unless ``force`` (its holder's completion then finds it gone)."""
         with self.tx() as cur:
             now = self._now(cur)
-            cur.execute(f"SELECT COALESCE({_LIVE}, false) FROM schedule_routes WHERE schedule = %(s)s AND "
-                        "route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), payload FROM schedule_routes WHERE schedule = %(s)s "
+                        "AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
             row = cur.fetchone()
             if row is None:
                 raise refusal(Refusal.GONE, member)
+            if expected is not None and row[1] != expected:
+                raise refusal(Refusal.PAYLOAD_CHANGED, member)
             if row[0] and not force:
                 raise refusal(Refusal.ACTIVE_LEASES, member)
             cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s", (self.name, member))
 
-    def update(self, member: str, payload: str) -> None:
-        """Operator replacement of a route's payload; the schedule is untouched. Raises ``gone``."""
+    def update(self, member: str, payload: str, expected: str, force: bool = False) -> None:
+        """Operator replacement of a route's payload, fenced on ``expected`` (the payload text the caller
+        built ``payload`` from); the schedule is untouched. Refusals: ``gone``; ``payload_changed``;
+        ``active_leases`` under a live lease unless ``force``. A refusal changes nothing."""
         with self.tx() as cur:
+            now = self._now(cur)
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), payload FROM schedule_routes WHERE schedule = %(s)s "
+                        "AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
+            row = cur.fetchone()
+            if row is None:
+                raise refusal(Refusal.GONE, member)
+            if row[1] != expected:
+                raise refusal(Refusal.PAYLOAD_CHANGED, member)
+            if row[0] and not force:
+                raise refusal(Refusal.ACTIVE_LEASES, member)
             cur.execute("UPDATE schedule_routes SET payload = %s WHERE schedule = %s AND route = %s",
                         (payload, self.name, member))
-            if cur.rowcount == 0:
-                raise refusal(Refusal.GONE, member)
 
     def dead_letters(self, limit: int = 100) -> list[dict]:
         """Dead-lettered routes, oldest first: ``[{"member", "dead_at_ms", "reason", "stalls", "claims",
