@@ -46,6 +46,8 @@ class Refusal(enum.IntEnum):
     """The named workspace does not exist."""
     EMPTY = -14
     """Nothing is claimable now (``magpie queue claim``)."""
+    REVISION_CHANGED = -15
+    """The record changed since the revision the caller named (``--expected-revision``)."""
 
     @property
     def label(self) -> str:

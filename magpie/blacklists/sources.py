@@ -71,6 +71,26 @@ def is_url(location: str) -> bool:
     return location.lower().startswith(("http://", "https://"))
 
 
+# System trees a blacklist file is never read from (secrets, devices, kernel state)
+_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib", "/var/log", "/usr",
+                "/bin", "/sbin", "/lib", "/lib64")
+
+
+def check_file(location: str) -> None:
+    """Refuse a blacklist file path that is not an ordinary list file.
+
+    The path is resolved (symbolic links followed); refused are system trees (``/etc``, ``/proc``,
+    ``/dev``, ...), hidden directories or files (``~/.ssh``) and anything but a regular file.
+    Raises :class:`SourceError` naming the reason (never the file's content)."""
+    real = os.path.realpath(location)
+    if any(real == d or real.startswith(d + "/") for d in _SYSTEM_DIRS):
+        raise SourceError(f"refused file {location!r}: blacklists are not read from system directories")
+    if any(part.startswith(".") for part in real.split("/") if part):
+        raise SourceError(f"refused file {location!r}: blacklists are not read from hidden paths")
+    if os.path.exists(real) and not os.path.isfile(real):
+        raise SourceError(f"refused file {location!r}: not a regular file")
+
+
 def read_source(location: str, settings) -> bytes:
     """The bytes of a source: a file, or a URL fetched through the egress guard.
 
@@ -88,6 +108,7 @@ def read_source(location: str, settings) -> bytes:
         if not 200 <= reply.status < 300:
             raise SourceError(f"HTTP {reply.status} from the source URL")
         return reply.body
+    check_file(location)
     try:
         size = os.path.getsize(location)
         if size > limit:
@@ -98,16 +119,19 @@ def read_source(location: str, settings) -> bytes:
         raise SourceError(f"cannot read {location!r}: {exc.strerror or exc}") from None
 
 
-def add_source(engine: Engine, name: str, location: str) -> dict:
+def add_source(engine: Engine, name: str, location: str, settings=None) -> dict:
     """Add (or re-point and re-enable) the source ``name``. The next refresh reads it.
 
     Args:
         name: ``[a-z0-9][a-z0-9_.-]*``, at most 64 characters.
         location: a file path (made absolute) or an ``http(s)://`` URL without credentials.
+        settings: when given, a URL's host is checked against ``MAGPIE_ENRICH_ALLOW_PRIVATE`` now (IP
+            literals in any spelling, ``localhost``), not only at the first refresh.
     Returns:
         the source as :func:`list_sources` gives it.
     Raises:
-        SourceError: bad name, URL with credentials, or a file that does not exist.
+        SourceError: bad name, URL with credentials, a file that does not exist or is not one a blacklist
+        may be read from (:func:`check_file`). :class:`magpie.egress.EgressRefused`: a refused URL host.
     """
     if not _NAME.fullmatch(name or ""):
         raise SourceError(f"bad source name {name!r}: lower-case letters, digits, '_', '.', '-' (at most 64)")
@@ -119,10 +143,15 @@ def add_source(engine: Engine, name: str, location: str) -> dict:
             raise SourceError("source URL must not carry credentials")
         if not parts.hostname:
             raise SourceError("source URL has no host")
+        if settings is not None:
+            from magpie.egress import EgressPolicy
+
+            EgressPolicy(settings.enrich_allow_private, "MAGPIE_ENRICH_ALLOW_PRIVATE").check_host(parts.hostname)
     else:
         location = os.path.abspath(location)
         if not os.path.isfile(location):
             raise SourceError(f"no such file: {location!r}")
+        check_file(location)
     with engine.begin() as conn:
         conn.execute(sa.text(
             "INSERT INTO blacklist_sources (name, location) VALUES (:n, :l) "

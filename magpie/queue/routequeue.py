@@ -304,7 +304,8 @@ class RouteQueue:
     def enqueue_at(self, member: str, at_ms: int) -> int:
         """Check route ``member`` at Unix ms ``at_ms`` instead of its current due time; the route keeps one
         schedule entry and resumes its cadence after that check. Returns the due time (ms).
-        Raises :class:`QueueError` ``gone``, ``leased`` (a check is running now) or ``dead``."""
+        An expired lease (its holder vanished) ends here. Raises :class:`QueueError` ``gone``, ``leased`` (a
+        live lease: a check is running now) or ``dead``."""
         return self._at(member, "at", at_ms)
 
     def enqueue_in(self, member: str, delay_ms: int = 0) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from magpie.errors import Refusal
-from magpie.queue import GONE, LeaseLost, Payload, QueueError, is_lease_score
+from magpie.queue import GONE, LEASE_LOST, LeaseLost, Payload, QueueError, is_lease_score
 from magpie.routes import Route
 
 
@@ -194,6 +194,20 @@ def test_enqueue_at_refuses_running_dead_and_unknown_routes(cq, clock):
     assert exc.value.code is Refusal.GONE
     cq.complete_one(le)
     assert cq.enqueue_at(h, clock.now + 5000) == clock.now + 5000
+
+
+def test_check_now_on_an_expired_lease_is_not_refused_as_leased(cq, clock):
+    """The holder vanished: its expired lease no longer holds the route, so "check now" takes effect, and
+    the stale holder's completion is refused."""
+    h, p = item(1)
+    le = claimed(cq, clock, (h, p))[0]
+    clock.advance(10_001)  # the lease (10 s) expired, no claim met it yet
+    assert cq.enqueue_in(h, 0) == clock.now
+    assert float(cq.score(h)) == clock.now
+    assert cq.status()["totals"]["leased"] == 0 and cq.status()["totals"]["expired_leases"] == 0
+    assert cq.complete([le]) == [LEASE_LOST]
+    again = cq.pop(1)
+    assert [x.member for x in again] == [h] and not again[0].stalled
 
 
 def test_retry_uses_the_delay_and_counts_attempts(cq, clock):

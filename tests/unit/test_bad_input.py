@@ -56,3 +56,26 @@ def test_utf16_file_without_a_byte_order_mark_says_so():
     res = parse_file(io.BytesIO("127.0.0.1:8080\n".encode("utf-16-le")))
     assert not res.routes and res.invalid
     assert "UTF-16" in res.invalid[0].reason
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379/abc", "redis://:s3cret@127.0.0.1:6379/1x",
+                                 "rediss://127.0.0.1:6379/-1", "unix:///tmp/redis.sock?db=two",
+                                 "redis://127.0.0.1:6379/0/1"])
+def test_redis_url_with_a_non_numeric_database_is_refused(url):
+    from magpie.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError) as exc:
+        load_settings(redis_url=url)
+    msg = str(exc.value)
+    assert "MAGPIE_REDIS_URL" in msg and "database number" in msg and "s3cret" not in msg
+    assert len(msg.splitlines()) == 1
+    with pytest.raises(ConfigError, match="MAGPIE_SCHEDULE_URL"):
+        load_settings(schedule_url=url)
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:6379", "redis://127.0.0.1:6379/", "redis://h:1/15",
+                                 "unix:///tmp/redis.sock?db=3"])
+def test_redis_url_with_a_database_number_is_accepted(url):
+    from magpie.config import load_settings
+
+    assert load_settings(redis_url=url).redis_url == url

@@ -74,15 +74,16 @@ class AdminPlane:
     def _at(self, member: str, due_sql: str, value: int) -> int:
         with self.tx() as cur:
             now = self._now(cur)
-            cur.execute("SELECT lease_token IS NOT NULL, due_at IS NULL FROM schedule_routes "
-                        "WHERE schedule = %s AND route = %s FOR UPDATE", (self.name, member))
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), due_at IS NULL FROM schedule_routes "
+                        "WHERE schedule = %(s)s AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
             row = cur.fetchone()
             if row is None or row[1]:
                 raise refusal(Refusal.GONE if row is None else Refusal.DEAD, member)
-            if row[0]:
+            if row[0]:  # a live lease; an expired one (its holder vanished) ends here
                 raise refusal(Refusal.LEASED, member)
             due = int(value) if due_sql == "at" else now + int(value)
-            cur.execute(f"UPDATE schedule_routes SET due_at = {ts('%s')}, retry = false, retries = 0 "
+            cur.execute(f"UPDATE schedule_routes SET due_at = {ts('%s')}, retry = false, retries = 0, "
+                        "lease_expires_at = NULL, lease_token = NULL, leased_at = NULL, last_heartbeat_at = NULL "
                         "WHERE schedule = %s AND route = %s", (due, self.name, member))
         return due
 
