@@ -100,8 +100,9 @@ class ScheduleProvider(Protocol):
     def pause(self) -> None: """Stop claiming (checked inside every claim)."""
     def resume(self) -> None: """Claim again."""
     def is_paused(self) -> bool: """True while paused."""
-    def drain(self, batch: int = 1000) -> dict[str, int]:
-        """Delete due and waiting routes, sparing leased ones; ``{"due", "waiting", "leased_spared"}``."""
+    def drain(self, batch: int = 1000, progress=None) -> dict[str, int]:
+        """Delete due and waiting routes, sparing leased ones; ``{"due", "waiting", "leased_spared"}``;
+        ``progress(done, total)`` (route counts) is called as batches finish."""
     def obliterate(self, force: bool = False, batch: int = 1000) -> tuple[str, int]:
         """Delete the schedule in batches: ``("more"|"done", deleted)``; needs a pause."""
     def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:

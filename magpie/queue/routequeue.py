@@ -384,13 +384,15 @@ class RouteQueue:
     def is_paused(self) -> bool:
         return bool(self.r.exists(self.keys.paused))
 
-    def drain(self, batch: int = 1000) -> dict[str, int]:
+    def drain(self, batch: int = 1000, progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
         """Unschedule and delete every route that is due or waiting, sparing leased ones.
 
+        ``progress`` is called after each script call with ``(routes looked at, routes at the start)``.
         Returns ``{"due": n, "waiting": n, "leased_spared": n}``.
         """
         k = self.keys
         out = {"due": 0, "waiting": 0, "leased_spared": 0}
+        total = self.route_count() if progress is not None else 0
         for shard in k.all_shards():
             offset = 0
             while True:
@@ -400,6 +402,9 @@ class RouteQueue:
                 out["waiting"] += int(waiting)
                 out["leased_spared"] += int(leased)
                 offset += int(leased)
+                if progress is not None:
+                    done = sum(out.values())
+                    progress(done, max(total, done))
                 if not int(more):
                     break
         return out

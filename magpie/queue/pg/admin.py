@@ -136,8 +136,9 @@ class AdminPlane:
             row = cur.fetchone()
         return bool(row and row[0])
 
-    def drain(self, batch: int = 1000) -> dict[str, int]:
-        """Delete every due or waiting route, sparing live leases. ``{"due", "waiting", "leased_spared"}``."""
+    def drain(self, batch: int = 1000, progress=None) -> dict[str, int]:
+        """Delete every due or waiting route, sparing live leases, in one transaction; ``progress(done,
+        total)`` is called once at the end. ``{"due", "waiting", "leased_spared"}``."""
         with self.tx() as cur:
             now = self._now(cur)
             cur.execute(f"WITH d AS (DELETE FROM schedule_routes WHERE schedule = %(s)s AND due_at IS NOT NULL "
@@ -148,7 +149,10 @@ class AdminPlane:
             cur.execute(f"SELECT count(*) FROM schedule_routes WHERE schedule = %(s)s AND {_LIVE}",
                         {"s": self.name, "now": now})
             leased = cur.fetchone()[0]
-        return {"due": int(due), "waiting": int(waiting), "leased_spared": int(leased)}
+        out = {"due": int(due), "waiting": int(waiting), "leased_spared": int(leased)}
+        if progress is not None:
+            progress(sum(out.values()), sum(out.values()))
+        return out
 
     def obliterate(self, force: bool = False, batch: int = 1000) -> tuple[str, int]:
         """Delete the whole schedule, at most ``batch`` routes per call: ``("more"|"done", deleted)``.
