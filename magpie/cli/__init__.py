@@ -23,6 +23,7 @@ import click
 
 from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
 from magpie.cli import blacklists, instances, judges, rotators, stats, web
+from magpie.cli import bulk
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
 from magpie.errors import MagpieError, RefusedError, storage_error
@@ -95,7 +96,7 @@ def main() -> None:
 
 
 for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats, judges,
-                blacklists, instances, rotators, web):
+                blacklists, instances, rotators, web, bulk):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command

@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy import exc as sa_exc
 
 from magpie.errors import MagpieError, RefusedError
-from magpie.web import api, pages
+from magpie.web import api, bulk, pages
 from magpie.web.auth import COOKIE, AuthRefused, bearer, is_loopback, token_matches
 from magpie.web.service import Dashboard
 
@@ -75,6 +75,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
     app.state.dashboard = dash
     app.state.reads_need_token = need
     app.include_router(api.router)
+    app.include_router(bulk.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("magpie.web", "static")]), name="static")
 
