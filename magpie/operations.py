@@ -26,7 +26,15 @@ PROTOCOLS = ("http", "https", "socks4", "socks5")
 
 
 class OperationError(MagpieError, ValueError):
-    """A bulk verb's input is wrong (unknown workspace, bad name or filter); nothing changed."""
+    """A bulk verb's input is wrong for the current data; nothing changed.
+
+    Attributes:
+        code: ``"unknown_workspace"``, ``"exists"``, ``"no_filter"`` or ``"bad_value"``.
+    """
+
+    def __init__(self, message: str, code: str = "bad_value"):
+        super().__init__(message)
+        self.code = code
 
 
 # -- workspaces ------------------------------------------------------------------------------------
@@ -55,20 +63,20 @@ def create_workspace(engine: Engine, name: str, *, dry_run: bool = False) -> dic
     check_workspace_name(name)
     with engine.begin() as conn:
         if conn.execute(sa.text("SELECT 1 FROM workspaces WHERE name = :n"), {"n": name}).first():
-            raise OperationError(f"workspace {name!r} exists")
+            raise OperationError(f"workspace {name!r} exists", "exists")
         if dry_run:
             return {"name": name, "id": None, "created": False}
         wid = conn.execute(sa.text("INSERT INTO workspaces (name) VALUES (:n) ON CONFLICT DO NOTHING "
                                    "RETURNING id"), {"n": name}).scalar()
     if wid is None:
-        raise OperationError(f"workspace {name!r} exists")
+        raise OperationError(f"workspace {name!r} exists", "exists")
     return {"name": name, "id": int(wid), "created": True}
 
 
 def _workspace_id(conn, name: str) -> int:
     wid = conn.execute(sa.text("SELECT id FROM workspaces WHERE name = :n"), {"n": name}).scalar()
     if wid is None:
-        raise OperationError(f"no workspace named {name!r}")
+        raise OperationError(f"no workspace named {name!r}", "unknown_workspace")
     return int(wid)
 
 
@@ -168,7 +176,7 @@ def remove_routes(engine: Engine, queue, *, workspace: str | None = None, protoc
         :class:`OperationError`: unknown workspace or protocol, negative ``dead_days``, no filter at all.
     """
     if workspace is None and protocol is None and dead_days is None:
-        raise OperationError("name at least one filter: --workspace, --protocol or --dead-days")
+        raise OperationError("name at least one filter: --workspace, --protocol or --dead-days", "no_filter")
     if protocol is not None and protocol not in PROTOCOLS:
         raise OperationError(f"protocol must be one of {', '.join(PROTOCOLS)}")
     if dead_days is not None and not 0 <= dead_days <= 36500:

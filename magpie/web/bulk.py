@@ -1,45 +1,55 @@
 """The dashboard's bulk operator verbs (``/api/bulk/...``), the same as ``magpie workspaces`` and
 ``magpie bulk`` (:mod:`magpie.operations`). Every operation needs the action token
-(``Authorization: Bearer <MAGPIE_WEB_TOKEN>``); ``dry_run`` counts without changing anything. A bad
-filter or name answers 400 with ``{"ok": false, "refused": "bad_request", "detail": ...}``.
+(``Authorization: Bearer <MAGPIE_WEB_TOKEN>``); ``dry_run`` counts without changing anything. An unknown
+workspace answers 404, an existing one or a removal without any filter 409, both as
+``{"ok": false, "refused": "<code>", "detail": ...}`` (codes of :class:`magpie.operations.OperationError`).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from magpie.web.api import REFUSALS, UNAVAILABLE, Dash, action_token
 
 router = APIRouter(prefix="/api/bulk", responses={**UNAVAILABLE, **REFUSALS,
-                                                  400: {"description": "A bad name or filter"}},
+                                                  400: {"description": "The body is not JSON"},
+                                                  404: {"description": "No such workspace"}},
                    dependencies=[Depends(action_token)], tags=["bulk"])
-
-NAME = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
-
 
 class BulkDone(BaseModel):
     ok: Literal[True] = True
     result: dict | list
 
 
-class RemoveRoutes(BaseModel):
+class Strict(BaseModel):
+    """Request bodies: no type coercion (``0`` is not ``false``), no unknown fields."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class WorkspaceName(Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    dry_run: bool = False
+
+
+class RemoveRoutes(Strict):
     workspace: str | None = Field(None, max_length=64)
     protocol: Literal["http", "https", "socks4", "socks5"] | None = None
     dead_days: float | None = Field(None, ge=0, le=36500)
     dry_run: bool = False
 
 
-class ReprocessDead(BaseModel):
+class ReprocessDead(Strict):
     reason: str | None = Field(None, max_length=64)
     older_than_s: float | None = Field(None, ge=0)
     dry_run: bool = False
 
 
-class RetryDeliveries(BaseModel):
+class RetryDeliveries(Strict):
     kind: Literal["webhook", "email"] = "webhook"
     channel_id: int | None = None
     dry_run: bool = False
@@ -51,8 +61,8 @@ def _run(call):
     try:
         return {"ok": True, "result": call()}
     except OperationError as exc:
-        return JSONResponse({"ok": False, "refused": "bad_request", "detail": str(exc), "member": None},
-                            status_code=400)
+        return JSONResponse({"ok": False, "refused": exc.code, "detail": str(exc), "member": None},
+                            status_code=404 if exc.code == "unknown_workspace" else 409)
 
 
 @router.get("/workspaces", response_model=BulkDone, summary="Workspaces with their route counts")
@@ -62,19 +72,19 @@ def api_workspaces_list(d: Dash):
     return {"ok": True, "result": list_workspaces(d.engine)}
 
 
-@router.post("/workspaces/{name}", response_model=BulkDone, summary="Create a workspace")
-def api_workspace_create(name: NAME, d: Dash, dry_run: Annotated[bool, Body(embed=True)] = False):
+@router.post("/workspaces/create", response_model=BulkDone, summary="Create a workspace")
+def api_workspace_create(body: WorkspaceName, d: Dash):
     from magpie.operations import create_workspace
 
-    return _run(lambda: create_workspace(d.engine, name, dry_run=dry_run))
+    return _run(lambda: create_workspace(d.engine, body.name, dry_run=body.dry_run))
 
 
-@router.delete("/workspaces/{name}", response_model=BulkDone,
-               summary="Delete a workspace; its routes leave it through fenced calls")
-def api_workspace_delete(name: NAME, d: Dash, dry_run: bool = False):
+@router.post("/workspaces/delete", response_model=BulkDone,
+             summary="Delete a workspace; its routes leave it through fenced calls")
+def api_workspace_delete(body: WorkspaceName, d: Dash):
     from magpie.operations import delete_workspace
 
-    return _run(lambda: delete_workspace(d.engine, d.queue, name, dry_run=dry_run))
+    return _run(lambda: delete_workspace(d.engine, d.queue, body.name, dry_run=body.dry_run))
 
 
 @router.post("/remove-routes", response_model=BulkDone, summary="Remove routes by workspace, protocol, dead days")

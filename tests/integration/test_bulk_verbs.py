@@ -183,18 +183,23 @@ def test_dashboard_bulk_verbs_need_the_token(cli, two_workspaces, settings):
     q, h = queue(), two_workspaces
     with TestClient(create_app(s, sample=False)) as client:
         assert client.get("/api/bulk/workspaces").status_code == 401
-        assert client.delete("/api/bulk/workspaces/alpha").status_code == 401
+        assert client.post("/api/bulk/workspaces/delete", json={"name": "alpha"}).status_code == 401
         auth = {"Authorization": "Bearer t0ken-for-tests-0123456789"}
         names = {r["name"] for r in client.get("/api/bulk/workspaces", headers=auth).json()["result"]}
         assert names == {"alpha", "beta"}
-        assert client.post("/api/bulk/workspaces/gamma", headers=auth, json={}).json()["result"]["created"]
-        dry = client.delete("/api/bulk/workspaces/alpha?dry_run=true", headers=auth).json()["result"]
+        assert client.post("/api/bulk/workspaces/create", headers=auth,
+                           json={"name": "gamma"}).json()["result"]["created"]
+        dry = client.post("/api/bulk/workspaces/delete", headers=auth,
+                          json={"name": "alpha", "dry_run": True}).json()["result"]
         assert dry["matched"] == 2 and q.payload(h["a"]) is not None
         r = client.post("/api/bulk/remove-routes", headers=auth, json={})
-        assert r.status_code == 400 and r.json()["refused"] == "bad_request"
+        assert r.status_code == 409 and r.json()["refused"] == "no_filter"
+        r = client.post("/api/bulk/workspaces/delete", headers=auth, json={"name": "nope"})
+        assert r.status_code == 404 and r.json()["refused"] == "unknown_workspace"
         out = client.post("/api/bulk/remove-routes", headers=auth, json={"protocol": "socks5"}).json()["result"]
         assert out["removed"] == 1 and q.payload(h["c"]) is None
-        assert client.delete("/api/bulk/workspaces/alpha", headers=auth).json()["result"]["deleted"] is True
+        assert client.post("/api/bulk/workspaces/delete", headers=auth,
+                           json={"name": "alpha"}).json()["result"]["deleted"] is True
         dead_letter(q, h["b"])
         assert client.post("/api/bulk/reprocess-dead", headers=auth, json={}).json()["result"]["reprocessed"] == 1
         assert client.post("/api/bulk/retry-deliveries", headers=auth,
