@@ -24,6 +24,7 @@ import click
 from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
 from magpie.cli import blacklists, instances, judges, rotators, stats, web
 from magpie.cli import bulk
+from magpie.cli import examples as _examples
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
 from magpie.errors import MagpieError, RefusedError, storage_error
@@ -100,6 +101,7 @@ for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, mon
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command
+_examples.attach(main)
 
 __all__ = ["main", "handle_errors", "storage_error", "CommandFailed", "CommandRefused", "EXIT_ERROR",
            "EXIT_REFUSED"]
