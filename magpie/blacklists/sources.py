@@ -71,24 +71,33 @@ def is_url(location: str) -> bool:
     return location.lower().startswith(("http://", "https://"))
 
 
-# System trees a blacklist file is never read from (secrets, devices, kernel state)
-_SYSTEM_DIRS = ("/etc", "/proc", "/sys", "/dev", "/boot", "/run", "/var/run", "/var/lib", "/var/log", "/usr",
-                "/bin", "/sbin", "/lib", "/lib64")
+# Kernel and device trees a blacklist file is never read from
+_SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/boot", "/run", "/var/run")
 
 
 def check_file(location: str) -> None:
-    """Refuse a blacklist file path that is not an ordinary list file.
+    """Refuse a blacklist file path that is not an ordinary, public list file.
 
-    The path is resolved (symbolic links followed); refused are system trees (``/etc``, ``/proc``,
-    ``/dev``, ...), hidden directories or files (``~/.ssh``) and anything but a regular file.
-    Raises :class:`SourceError` naming the reason (never the file's content)."""
+    The path is resolved (symbolic links followed); refused are the kernel and device trees (``/proc``,
+    ``/sys``, ``/dev``, ...), hidden directories or files (``~/.ssh``), anything but a regular file, and a
+    file not readable by every user (a blacklist is public data; ``/etc/shadow`` is a secret). Raises
+    :class:`SourceError` naming the reason (never the file's content)."""
+    import stat
+
     real = os.path.realpath(location)
     if any(real == d or real.startswith(d + "/") for d in _SYSTEM_DIRS):
         raise SourceError(f"refused file {location!r}: blacklists are not read from system directories")
     if any(part.startswith(".") for part in real.split("/") if part):
         raise SourceError(f"refused file {location!r}: blacklists are not read from hidden paths")
-    if os.path.exists(real) and not os.path.isfile(real):
+    try:
+        st = os.stat(real)
+    except OSError:
+        return  # a missing file is reported when it is read
+    if not stat.S_ISREG(st.st_mode):
         raise SourceError(f"refused file {location!r}: not a regular file")
+    if not st.st_mode & stat.S_IROTH:
+        raise SourceError(f"refused file {location!r}: not readable by every user (a blacklist is a public "
+                          "list; chmod o+r it)")
 
 
 def read_source(location: str, settings) -> bytes:
