@@ -42,6 +42,7 @@ def test_every_bad_input_case_is_one_line_and_no_traceback(settings, db, tmp_pat
         ({}, ["import", "/nonexistent", "-w", "a"]),
         ({}, ["import", str(d), "-w", "a"]),
         ({}, ["import", str(f), "-w", ""]),
+        ({}, ["import", str(f), "-w", "ws\x1b[31m"]),
         ({}, ["import", str(f), "-w", "a", "--format", "bogus"]),
         ({"MAGPIE_REDIS_URL": "redis://127.0.0.1:6379/abc"}, ["status"]),
         ({"MAGPIE_REDIS_URL": "redis://127.0.0.1:1/0"}, ["status"]),

@@ -86,6 +86,15 @@ def test_import_survives_nested_json_control_characters_and_utf16(cli, tmp_path,
     assert out["imported"] == 0 and "UTF-16" in out["invalid"][0]["reason"]
 
 
+def test_workspace_name_with_control_characters_is_refused(cli, tmp_path, db):
+    f = tmp_path / "l.txt"
+    f.write_text("127.0.0.1:8080\n")
+    res = cli("import", str(f), "-w", "acme\x1b[2J\x00", code=2)
+    assert "control characters" in one_line_error(res) and "\x1b" not in res.output
+    with db.connect() as c:
+        assert c.execute(sa.text("SELECT count(*) FROM workspaces")).scalar() == 0
+
+
 def test_non_numeric_redis_database_is_a_setting_error(cli, settings):
     res = cli("status", code=2, extra={"MAGPIE_REDIS_URL": "redis://127.0.0.1:6379/abc"})
     assert "MAGPIE_REDIS_URL" in one_line_error(res)
