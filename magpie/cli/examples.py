@@ -13,7 +13,7 @@ H = "0123456789abcdef01234567"  # a route hash as `magpie routes` prints them
 
 EXAMPLES: dict[str, list[str]] = {
     "db upgrade": ["magpie db upgrade"],
-    "db downgrade": ["magpie db downgrade 0010 --yes"],
+    "db downgrade": ["magpie db downgrade -1 --yes"],
     "db current": ["magpie db current"],
     "db history": ["magpie db history"],
     "db check": ["magpie db check"],

@@ -45,3 +45,9 @@ def parse(line: str, path: str) -> bool:
 
 def test_examples_name_existing_commands_only():
     assert set(EXAMPLES) <= set(COMMANDS)
+
+
+def test_relative_downgrade_revision_is_an_argument_not_an_option():
+    cmd = main.commands["db"].commands["downgrade"]
+    ctx = cmd.make_context("downgrade", ["-1", "--yes"])
+    assert ctx.params == {"revision": "-1", "yes": True}
