@@ -311,7 +311,8 @@ def test_queue_update_honours_the_setting(db, cli, q, listfile, settings):
         env={"PROXY_QUEUE_ENCRYPT_CREDENTIALS": "true"})
     stored = q.payload(h)
     assert stored.startswith('{"v":2,') and "Zq9" not in stored
-    cli("queue", "update", h, stored, "--expected-revision", payload_revision(stored))  # a sealed payload given with the setting off is stored in plaintext
+    # a sealed payload given with the setting off is stored in plaintext
+    cli("queue", "update", h, stored, "--expected-revision", payload_revision(stored))
     assert q.payload(h) == plain
 
 
