@@ -14,6 +14,8 @@ local R_DEAD, R_NOT_DEAD, R_ACTIVE_LEASES, R_NOT_PAUSED, R_LAYOUT_MISMATCH = -6,
 local R_PORT_TAKEN, R_RANGE_EXHAUSTED, R_NO_SUCH_WORKSPACE = -11, -12, -13
 -- nothing claimable (the claim command); an operation the provider does not serve
 local R_EMPTY, R_UNSUPPORTED = -14, -15
+-- a stale --expected-revision (Python only)
+local R_REVISION_CHANGED = -16
 
 -- Redis server clock in Unix ms; a positive override is accepted for deterministic tests only.
 local function clock(override)

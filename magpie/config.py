@@ -35,6 +35,34 @@ DAY = 86400.0
 MONTH = 30 * DAY  # upper bounds of durations (seconds): a typo such as 1e300 never means "forever"
 
 
+
+def redis_db_problem(url: str) -> str | None:
+    """Why a Redis URL's database number is unusable, or None (also None for a non-Redis URL).
+
+    redis-py reads ``redis://host/abc`` as database 0 without a word; magpie refuses it instead, so a
+    typo cannot make a deployment share another one's database. Accepted: no path, ``/`` or ``/<n>``,
+    and ``?db=<n>`` (n a whole number 0..10000). The returned text never quotes the URL (it may hold a
+    password).
+    """
+    from urllib.parse import parse_qs, urlsplit
+
+    scheme = url.partition("://")[0].lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        return None
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "is not a valid URL"
+    candidates = []
+    path = parts.path if scheme != "unix" else ""
+    if path not in ("", "/"):
+        candidates.append(path.lstrip("/"))
+    candidates += parse_qs(parts.query).get("db", [])
+    for text in candidates:
+        if not (text.isascii() and text.isdigit() and int(text) <= 10000):
+            return "the database number must be a whole number (redis://host:6379/0)"
+    return None
+
 class ConfigError(MagpieError, ValueError):
     """A setting from the environment is missing or malformed; the message names the variable."""
 
@@ -361,6 +389,9 @@ class Settings(BaseSettings):
             return None
         if v is not None and scheme_of(v) not in SCHEMES:
             raise ValueError("accepted schemes: " + ", ".join(f"{s}://" for s in SCHEMES))
+        problem = redis_db_problem(v) if v is not None else None
+        if problem:
+            raise ValueError(problem)
         return v
 
     # --- settings: operator web dashboard ---
@@ -599,6 +630,9 @@ class Settings(BaseSettings):
     def _redis_scheme(cls, v: str) -> str:
         if not v.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        problem = redis_db_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @property

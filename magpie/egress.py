@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterable
@@ -321,6 +322,24 @@ def parse_allow(value: str | bool | None) -> tuple[bool, tuple[ipaddress.IPv4Net
     return False, tuple(nets)
 
 
+_LEGACY_IPV4 = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+
+
+def legacy_ipv4(host: str) -> str | None:
+    """The dotted-quad IPv4 address a numeric host spelling stands for, or None for any other name.
+
+    ``inet_aton`` (and so ``getaddrinfo``) accepts shortened, hexadecimal, octal and single-number forms
+    (``127.1``, ``0x7f.1``, ``0177.0.0.1``, ``2130706433``, ``0``) that :mod:`ipaddress` rejects; a guard
+    checking only canonical literals would let them through to loopback.
+    """
+    if not _LEGACY_IPV4.fullmatch(host):
+        return None
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
 class EgressPolicy:
     """Decides whether magpie may connect to an address.
 
@@ -385,5 +404,8 @@ class EgressPolicy:
         try:
             ipaddress.ip_address(h.split("%", 1)[0])
         except ValueError:
+            legacy = legacy_ipv4(h)
+            if legacy is not None:  # 127.1, 0x7f000001, 2130706433, 0177.0.0.1: resolvers read them as IPv4
+                self.check_address(legacy)
             return
         self.check_address(h)

@@ -48,6 +48,8 @@ class Refusal(enum.IntEnum):
     """Nothing is claimable now (``magpie queue claim``)."""
     UNSUPPORTED = -15
     """The schedule provider does not serve the operation (a Redis-only one on the PostgreSQL schedule)."""
+    REVISION_CHANGED = -16
+    """The record changed since the revision the caller named (``--expected-revision``)."""
 
     @property
     def label(self) -> str:

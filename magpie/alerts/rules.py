@@ -30,7 +30,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.errors import MagpieError
+from magpie.errors import Refusal, RefusedError
 
 KINDS = ("usable_routes", "success_rate", "latency")
 PROTOCOLS = ("http", "https", "socks4", "socks5")
@@ -52,8 +52,12 @@ def describe_rule(kind: str, threshold: float, percentile: int | None, protocols
     return f"p{percentile} latency > {t} ms{scope}"
 
 
-class RuleConflict(MagpieError, RuntimeError):
-    """An edit named an ``expected_revision`` that is no longer the rule's revision."""
+class RuleConflict(RefusedError, RuntimeError):
+    """An edit named an ``expected_revision`` that is no longer the rule's revision: a refusal
+    (``revision_changed``, exit status 3); nothing changed. ``detail``: which revision the rule is at."""
+
+    def __init__(self, detail: str):
+        super().__init__(Refusal.REVISION_CHANGED, detail=detail)
 
 
 @dataclass(frozen=True, slots=True)

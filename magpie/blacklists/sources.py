@@ -71,6 +71,35 @@ def is_url(location: str) -> bool:
     return location.lower().startswith(("http://", "https://"))
 
 
+# Kernel and device trees a blacklist file is never read from
+_SYSTEM_DIRS = ("/proc", "/sys", "/dev", "/boot", "/run", "/var/run")
+
+
+def check_file(location: str) -> None:
+    """Refuse a blacklist file path that is not an ordinary, public list file.
+
+    The path is resolved (symbolic links followed); refused are the kernel and device trees (``/proc``,
+    ``/sys``, ``/dev``, ...), hidden directories or files (``~/.ssh``), anything but a regular file, and a
+    file not readable by every user (a blacklist is public data; ``/etc/shadow`` is a secret). Raises
+    :class:`SourceError` naming the reason (never the file's content)."""
+    import stat
+
+    real = os.path.realpath(location)
+    if any(real == d or real.startswith(d + "/") for d in _SYSTEM_DIRS):
+        raise SourceError(f"refused file {location!r}: blacklists are not read from system directories")
+    if any(part.startswith(".") for part in real.split("/") if part):
+        raise SourceError(f"refused file {location!r}: blacklists are not read from hidden paths")
+    try:
+        st = os.stat(real)
+    except OSError:
+        return  # a missing file is reported when it is read
+    if not stat.S_ISREG(st.st_mode):
+        raise SourceError(f"refused file {location!r}: not a regular file")
+    if not st.st_mode & stat.S_IROTH:
+        raise SourceError(f"refused file {location!r}: not readable by every user (a blacklist is a public "
+                          "list; chmod o+r it)")
+
+
 def read_source(location: str, settings) -> bytes:
     """The bytes of a source: a file, or a URL fetched through the egress guard.
 
@@ -88,6 +117,7 @@ def read_source(location: str, settings) -> bytes:
         if not 200 <= reply.status < 300:
             raise SourceError(f"HTTP {reply.status} from the source URL")
         return reply.body
+    check_file(location)
     try:
         size = os.path.getsize(location)
         if size > limit:
@@ -98,16 +128,19 @@ def read_source(location: str, settings) -> bytes:
         raise SourceError(f"cannot read {location!r}: {exc.strerror or exc}") from None
 
 
-def add_source(engine: Engine, name: str, location: str) -> dict:
+def add_source(engine: Engine, name: str, location: str, settings=None) -> dict:
     """Add (or re-point and re-enable) the source ``name``. The next refresh reads it.
 
     Args:
         name: ``[a-z0-9][a-z0-9_.-]*``, at most 64 characters.
         location: a file path (made absolute) or an ``http(s)://`` URL without credentials.
+        settings: when given, a URL's host is checked against ``MAGPIE_ENRICH_ALLOW_PRIVATE`` now (IP
+            literals in any spelling, ``localhost``), not only at the first refresh.
     Returns:
         the source as :func:`list_sources` gives it.
     Raises:
-        SourceError: bad name, URL with credentials, or a file that does not exist.
+        SourceError: bad name, URL with credentials, a file that does not exist or is not one a blacklist
+        may be read from (:func:`check_file`). :class:`magpie.egress.EgressRefused`: a refused URL host.
     """
     if not _NAME.fullmatch(name or ""):
         raise SourceError(f"bad source name {name!r}: lower-case letters, digits, '_', '.', '-' (at most 64)")
@@ -119,10 +152,15 @@ def add_source(engine: Engine, name: str, location: str) -> dict:
             raise SourceError("source URL must not carry credentials")
         if not parts.hostname:
             raise SourceError("source URL has no host")
+        if settings is not None:
+            from magpie.egress import EgressPolicy
+
+            EgressPolicy(settings.enrich_allow_private, "MAGPIE_ENRICH_ALLOW_PRIVATE").check_host(parts.hostname)
     else:
         location = os.path.abspath(location)
         if not os.path.isfile(location):
             raise SourceError(f"no such file: {location!r}")
+        check_file(location)
     with engine.begin() as conn:
         conn.execute(sa.text(
             "INSERT INTO blacklist_sources (name, location) VALUES (:n, :l) "

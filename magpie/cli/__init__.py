@@ -16,6 +16,7 @@ Each command module of this package is imported here and added to :func:`main`. 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -23,11 +24,14 @@ import click
 
 from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
 from magpie.cli import blacklists, init, instances, judges, rotators, stats, web
+from magpie.cli import bulk
+from magpie.cli import examples as _examples
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
 from magpie.errors import MagpieError, RefusedError, storage_error
 
 EXIT_ERROR = 2
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())  # click >= 8.2
 EXIT_REFUSED = 3
 
 
@@ -76,7 +80,28 @@ def handle_errors(state: CliState) -> Iterator[None]:
 
 
 class MagpieGroup(click.Group):
-    """The root group: a :class:`CliState` on the context, every command run inside :func:`handle_errors`."""
+    """The root group: a :class:`CliState` on the context, every command run inside :func:`handle_errors`;
+    a usage error (bad option or argument) is one line too, naming where ``--help`` is."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _NO_ARGS_IS_HELP as exc:  # a bare group: its help, as click shows it
+            click.echo(exc.format_message(), err=True)
+            sys.exit(exc.exit_code)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else (prog_name or "magpie")
+            click.echo(f"Error: {exc.format_message()} (see `{where} --help`)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def invoke(self, ctx: click.Context):
         state = ctx.ensure_object(CliState)
@@ -95,10 +120,11 @@ def main() -> None:
 
 
 for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats, judges,
-                blacklists, instances, rotators, web, init):
+                blacklists, instances, rotators, web, init, bulk):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command
+_examples.attach(main)
 
 __all__ = ["main", "handle_errors", "storage_error", "CommandFailed", "CommandRefused", "EXIT_ERROR",
            "EXIT_REFUSED"]

@@ -30,7 +30,7 @@ def add(state: CliState, name: str, location: str, as_json: bool) -> None:
     from magpie.blacklists.sources import add_source
 
     with user_errors(ValueError):
-        src = add_source(state.engine, name, location)
+        src = add_source(state.engine, name, location, settings=state.settings)
     if as_json:
         echo_json({"ok": True, "source": src})
     else:

@@ -115,14 +115,24 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8899, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8899, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on (0: any free port).")
 def judge(host: str, port: int) -> None:
-    """Serve a judge: an echo endpoint returning the request's headers and remote address as JSON."""
+    """Serve a judge: an echo endpoint returning the request's headers and remote address as JSON.
+
+    A port in use is an error (exit 2), not a traceback.
+
+    \b
+    Example:
+      magpie judge --host 127.0.0.1 --port 8899
+    """
     from magpie.checker.judge import run_judge
 
-    click.echo(f"judge listening on http://{host}:{port}/")
-    run_judge(host, port)
+    try:
+        run_judge(host, port)  # prints "judge listening on <url>" once bound
+    except OSError as exc:
+        raise MagpieError(f"cannot listen on {host}:{port} (--host/--port): {exc.strerror or exc}") from None
 
 
 COMMANDS = [check, judge]

@@ -59,7 +59,7 @@ def db_upgrade(state: CliState, revision: str) -> None:
     click.echo(f"database at revision {current_revision(url)}")
 
 
-@db.command("downgrade")
+@db.command("downgrade", context_settings={"ignore_unknown_options": True})  # REVISION may be "-1"
 @click.argument("revision")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @pass_state

@@ -15,7 +15,7 @@ import click
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, rows_table
 
-_JUDGE_COLS = ("id", "workspace", "url", "rule", "enabled", "healthy", "last_error", "last_checked_at",
+_JUDGE_COLS = ("id", "workspace", "url", "rule", "enabled", "health", "last_error", "last_checked_at",
                "addresses")
 
 
@@ -84,7 +84,7 @@ def judges_list(state: CliState, workspace: str | None, as_json: bool) -> None:
         _emit(True, rows)
         return
     rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"], r["enabled"],
-                                        r["healthy"], r["last_error"], r["last_checked_at"],
+                                        r["health"], r["last_error"], r["last_checked_at"],
                                         ",".join(r["addresses"] or [])] for r in rows])
 
 

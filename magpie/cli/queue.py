@@ -72,23 +72,52 @@ def queue_resume(state: CliState, as_json: bool) -> None:
 @json_option
 @pass_state
 def queue_drain(state: CliState, as_json: bool) -> None:
-    """Unschedule and delete every due or waiting route; leased routes are spared."""
-    _emit(as_json, state.queue.drain())
+    """Unschedule and delete every due or waiting route; leased routes are spared. Shows progress on a
+    terminal.
+
+    \b
+    Example:
+      magpie queue pause && magpie queue drain --json
+    """
+    from magpie.cli.progress import progress
+
+    with progress("draining") as update:
+        result = state.queue.drain(progress=update)
+    _emit(as_json, result)
 
 
 @queue.command("obliterate")
 @click.option("--force", is_flag=True, help="Proceed even while leases are live.")
-@click.option("--batch", default=1000, show_default=True, help="Routes deleted per script call.")
+@click.option("--batch", default=1000, show_default=True, type=click.IntRange(1, 100_000),
+              help="Routes deleted per script call.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal).")
 @json_option
 @pass_state
-def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) -> None:
-    """Delete the whole schedule keyspace in bounded batches (the queue must be paused)."""
+def queue_obliterate(state: CliState, force: bool, batch: int, yes: bool, as_json: bool) -> None:
+    """Delete the whole schedule keyspace in bounded batches (the queue must be paused).
+
+    Asks for confirmation on a terminal; elsewhere --yes is required. Shows progress on a terminal.
+
+    \b
+    Example:
+      magpie queue pause
+      magpie queue obliterate --yes --json
+    """
+    from magpie.cli.progress import confirm_destructive, progress
+
+    totals = state.queue.status()["totals"]
+    if not state.queue.is_paused():  # refused before asking: nothing would be deleted
+        raise RefusedError(Refusal.NOT_PAUSED)
+    routes = int(totals.get("scheduled", 0)) + int(totals.get("dead", 0) or 0)
+    confirm_destructive(f"delete the whole schedule ({routes} routes)", yes)
     total = 0
-    while True:
-        status, n = state.queue.obliterate(force=force, batch=batch)
-        total += n
-        if status == "done":
-            break
+    with progress("obliterating") as update:
+        while True:
+            status, n = state.queue.obliterate(force=force, batch=batch)
+            total += n
+            update(total, max(routes, total))
+            if status == "done":
+                break
     _emit(as_json, {"status": "done", "deleted_routes": total})
 
 
@@ -99,21 +128,36 @@ def queue_obliterate(state: CliState, force: bool, batch: int, as_json: bool) ->
 def queue_inspect(state: CliState, route_hash: str, as_json: bool) -> None:
     """Payload, score, state, stall count, retries, progress and recent logs of one route (the password
     masked)."""
-    _emit(as_json, _masked(_known(state.queue.inspect(route_hash))))
+    from magpie.queue.payload import payload_revision
+
+    info = _masked(_known(state.queue.inspect(route_hash)))
+    info["payload_revision"] = payload_revision(state.queue.payload(route_hash))
+    _emit(as_json, info)
 
 
 @queue.command("update")
 @click.argument("route_hash", callback=_route_hash)
 @click.argument("payload")
+@click.option("--expected-revision", required=True, metavar="REV",
+              help="The payload_revision `magpie queue inspect` printed; refused if the payload changed since.")
+@click.option("--force", is_flag=True, help="Update even under a live lease.")
 @json_option
 @pass_state
-def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) -> None:
+def queue_update(state: CliState, route_hash: str, payload: str, expected_revision: str, force: bool,
+                 as_json: bool) -> None:
     """Replace a route's stored payload (JSON text in the payload format, see magpie/queue/payload.py).
 
-    The payload is validated and stored in its canonical compact form. Changing host, port, protocol or
-    credentials here does not change the route hash: re-import the route instead."""
+    The payload is validated and stored in its canonical compact form. The update is fenced: refused
+    (payload_changed, exit 3) when the stored payload is no longer the revision you read, and
+    (active_leases) under a live lease unless --force. Changing host, port, protocol or credentials here
+    does not change the route hash: re-import the route instead.
+
+    \b
+    Example:
+      magpie queue inspect 0123456789abcdef01234567      # note payload_revision
+      magpie queue update 0123456789abcdef01234567 '{"v":1,...}' --expected-revision 3f2a9c0d1e4b5a6f"""
     from magpie.queue import Payload, PayloadError
-    from magpie.queue.payload import read_cipher, write_cipher
+    from magpie.queue.payload import payload_revision, read_cipher, write_cipher
 
     try:  # refuse malformed input before it reaches Redis; sealed credentials ('c', v 2) are opened
         decoded = Payload.decode(payload, read_cipher(state.settings))
@@ -123,8 +167,14 @@ def queue_update(state: CliState, route_hash: str, payload: str, as_json: bool) 
         raise MagpieError(f"payload rejected: its route hash 'k' ({decoded.route_hash}) is not {route_hash}")
     if not decoded.workspaces:
         raise MagpieError("payload rejected: 'w' must name at least one workspace")
-    # the compact form the scripts merge workspaces into; PROXY_QUEUE_ENCRYPT_CREDENTIALS seals credentials
-    state.queue.update(route_hash, decoded.encode(write_cipher(state.settings)))
+    current = state.queue.payload(route_hash)
+    if current is None:
+        raise RefusedError(Refusal.GONE, route_hash)
+    if payload_revision(current) != expected_revision.strip().lower():
+        raise RefusedError(Refusal.PAYLOAD_CHANGED, route_hash)
+    # the compact form the scripts merge workspaces into; PROXY_QUEUE_ENCRYPT_CREDENTIALS seals credentials;
+    # the script compares `current` with the stored text again, atomically with the write
+    state.queue.update(route_hash, decoded.encode(write_cipher(state.settings)), current, force=force)
     _emit(as_json, "updated")
 
 
@@ -234,14 +284,21 @@ def queue_check_now(state: CliState, route_hash: str, delay: float, as_json: boo
 @pass_state
 def queue_respread(state: CliState, as_json: bool) -> None:
     """Re-spread every unleased route evenly across MAGPIE_CHECK_INTERVAL, in bounded batches (under a
-    leader lock), and record it as the schedule's interval."""
+    leader lock), and record it as the schedule's interval. Shows progress on a terminal.
+
+    \b
+    Example:
+      MAGPIE_CHECK_INTERVAL=600 magpie queue respread --json
+    """
+    from magpie.cli.progress import progress
     from magpie.leader import LeaderLock
     from magpie.maintenance.interval import LOCK, respread_now
 
     q = state.queue
-    with LeaderLock(q.redis, state.settings.redis_prefix, LOCK, ttl_ms=60_000).hold() as lost:
+    with LeaderLock(q.redis, state.settings.redis_prefix, LOCK, ttl_ms=60_000).hold() as lost, \
+            progress("respreading") as update:
         result = ({"skipped": "another respread holds the leader lock"} if lost is None
-                  else respread_now(q, batch=state.settings.respread_batch))
+                  else respread_now(q, batch=state.settings.respread_batch, progress=update))
     _emit(as_json, result)
 
 
@@ -275,10 +332,19 @@ def queue_interval(state: CliState, as_json: bool) -> None:
 @pass_state
 def queue_rebuild(state: CliState, as_json: bool) -> None:
     """Schedule every route PostgreSQL has again (after Redis lost data), spread across the interval;
-    routes still scheduled keep their due time (under the ``rebuild`` leader lock)."""
+    routes still scheduled keep their due time (under the ``rebuild`` leader lock). Shows progress on a
+    terminal.
+
+    \b
+    Example:
+      magpie queue rebuild --json
+    """
+    from magpie.cli.progress import progress
     from magpie.maintenance.rebuild import rebuild_schedule
 
-    _emit(as_json, rebuild_schedule(state.settings, engine=state.engine, queue=state.queue))
+    with progress("rebuilding") as update:
+        result = rebuild_schedule(state.settings, engine=state.engine, queue=state.queue, progress=update)
+    _emit(as_json, result)
 
 
 register_lease_verbs(queue)  # claim, heartbeat, complete, in-flight (magpie.cli.queue_lease)

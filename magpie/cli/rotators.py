@@ -6,6 +6,7 @@ import click
 
 from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json, rows_table
+from magpie.errors import MagpieError
 
 
 def _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports=None) -> dict:
@@ -215,7 +216,11 @@ def rotator(state: CliState) -> None:
         if s.rotator_metrics_port:
             from magpie.rotator.metrics import serve_metrics
 
-            serve_metrics(proc, s.metrics_host, s.rotator_metrics_port)
+            try:
+                serve_metrics(proc, s.metrics_host, s.rotator_metrics_port)
+            except OSError as exc:
+                raise MagpieError(f"MAGPIE_ROTATOR_METRICS_PORT: cannot listen on {s.metrics_host}:"
+                                  f"{s.rotator_metrics_port}: {exc.strerror or exc}") from None
         click.echo(f"rotator instance {proc.id} started", err=True)
         await proc.run(stop)
 

@@ -170,6 +170,8 @@ class LineReader:
             obj = json.loads(line)
         except ValueError as exc:
             raise self._error(f"malformed JSON line: {exc.msg} at column {exc.colno}") from None
+        except RecursionError:
+            raise self._error("malformed JSON line: nested too deeply") from None
         if not isinstance(obj, dict):
             raise self._error("JSON line is not an object")
         obj = {str(k).lower(): v for k, v in obj.items()}
@@ -198,7 +200,7 @@ class LineReader:
     def _json_array(line: str) -> bool:
         try:
             return isinstance(json.loads(line), list)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
 
     def _read_header(self, line: str) -> bool:

@@ -3,6 +3,7 @@ and ``grep -n``, whatever other break characters (a lone CR, form feed, U+2028..
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from typing import IO
 
@@ -18,10 +19,31 @@ def split_lines(text: str) -> list[str]:
     return lines
 
 
+# UTF-32 first: its little-endian mark starts with UTF-16's
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
 def read_lines(stream: IO[bytes]) -> Iterator[str]:
     """The lines of a binary stream as :func:`split_lines` counts them, decoded as UTF-8 (undecodable
-    bytes become U+FFFD). Raises ``OSError`` when the stream cannot be read."""
+    bytes become U+FFFD), or as UTF-16/UTF-32 when the stream starts with that byte-order mark (as editors
+    on Windows save text). Raises ``OSError`` when the stream cannot be read."""
+    first = True
     for raw in stream:  # a binary stream breaks at b"\n" only
+        if first:
+            first = False
+            encoding = next((enc for bom, enc in _BOMS if raw.startswith(bom)), None)
+            if encoding is not None:  # b"\n" is not a line break there: decode incrementally
+                dec = codecs.getincrementaldecoder(encoding)(errors="replace")
+                pending = ""
+                for chunk in (raw, *stream):
+                    pending += dec.decode(chunk)
+                    *done, pending = pending.split("\n")
+                    yield from (line + "\n" for line in done)
+                pending += dec.decode(b"", final=True)
+                if pending:
+                    yield pending
+                return
         yield raw.decode("utf-8", errors="replace")
 
 

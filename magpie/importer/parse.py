@@ -285,6 +285,26 @@ def _parse_address(column: str, default_protocol: str) -> Route:
     return Route(protocol, host, port, username, password)
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # a tab stays (TSV lines)
+
+
+def _control_problem(text: str, route: Route | None) -> str | None:
+    """Why a line holding control characters is refused (NUL, ESC of terminal escapes, ...), or None."""
+    if "\x00" in text:
+        return "NUL byte in the line (a UTF-16 file without a byte-order mark? save it as UTF-8)"
+    if route is not None:
+        for name, value in (("user name", route.username), ("password", route.password)):
+            if value is not None and _CONTROL.search(value):
+                return f"control character in the {name}"
+    return None
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters shown as ``\\xNN`` escapes, so a reported line cannot drive a terminal."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def _looks_like_address(column: str, only_column: bool) -> bool:
     """Rules a-e of the module docstring: is a column that failed to parse an address attempt?"""
     if "://" in column or "@" in column:
@@ -358,7 +378,11 @@ def parse_line(text: str, default_protocol: str = "http", fmt: str = "auto") -> 
         ParseError: the line is a malformed address; ``.reason`` says why.
     """
     _check_protocol(default_protocol)
-    return _reader(default_protocol, fmt).parse(text)
+    route = _reader(default_protocol, fmt).parse(text)
+    why = _control_problem(text, route)
+    if why is not None:
+        raise ParseError(why)
+    return route
 
 
 def _reader(default_protocol: str, fmt: str):
@@ -406,8 +430,11 @@ def parse_lines(lines: Iterable[str], default_protocol: str = "http", refuse: Re
         for text in segments(physical):
             try:
                 route = reader.parse(text)
+                why = _control_problem(text, route)
+                if why is not None:
+                    raise ParseError(why)
             except ParseError as exc:
-                invalid.append(InvalidLine(number, exc.reason, text.strip()[:_MAX_TEXT]))
+                invalid.append(InvalidLine(number, exc.reason, _printable(text.strip()[:_MAX_TEXT])))
                 continue
             if route is None:
                 result.skipped += 1
@@ -416,7 +443,7 @@ def parse_lines(lines: Iterable[str], default_protocol: str = "http", refuse: Re
             else:
                 why = refuse(route) if refuse is not None else None
                 if why is not None:
-                    invalid.append(InvalidLine(number, why, text.strip()[:_MAX_TEXT]))
+                    invalid.append(InvalidLine(number, why, _printable(text.strip()[:_MAX_TEXT])))
                     continue
                 seen.add(route)
                 routes.append(route)

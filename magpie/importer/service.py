@@ -137,7 +137,8 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
             line when a field looks like a country or anonymity code).
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
         queue / engine: a :class:`RouteQueue` and SQLAlchemy engine (default: from ``settings``).
-    Raises ``ValueError`` for an unknown default protocol or format or an empty workspace name; ``OSError``
+    Raises ``ValueError`` for an unknown default protocol or format, an empty workspace name or one with
+    control characters; ``OSError``
     when the file cannot be read; :class:`SchemaMissing` when the database is not migrated (checked
     before anything is stored); :class:`ImportIncomplete` when Redis failed after PostgreSQL stored routes (Redis is
     checked before anything is stored, so this needs Redis to fail mid-import). Malformed lines never raise: they are reported in ``invalid``,
@@ -145,6 +146,8 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     """
     if not workspace or not workspace.strip():
         raise ValueError("workspace name must not be empty")
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 for ch in workspace):
+        raise ValueError("workspace name must not hold control characters (NUL, terminal escapes)")
     parsed = parse_file(path, default_protocol=protocol, refuse=egress_refusal(settings), fmt=fmt)
     report = ImportReport(
         valid=parsed.valid, duplicates=parsed.duplicates, skipped=parsed.skipped,

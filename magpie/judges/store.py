@@ -185,12 +185,18 @@ def _judge_rows(engine: Engine, where: str = "TRUE", params: dict | None = None)
             "SELECT j.id, j.url, j.scheme, j.rule, j.enabled, j.healthy, j.last_error, j.last_checked_at, "
             "j.last_ok_at, j.addresses, j.addresses_until, w.name AS workspace FROM judges j "
             f"LEFT JOIN workspaces w ON w.id = j.workspace_id WHERE {where} ORDER BY j.id"), params or {})
-        return [dict(r._mapping) for r in rows]
+        out = [dict(r._mapping) for r in rows]
+    for row in out:  # a judge no probe has answered yet is not known to be healthy
+        if row["last_checked_at"] is None:
+            row["healthy"] = None
+        row["health"] = {None: "unknown", True: "healthy", False: "unhealthy"}[row["healthy"]]
+    return out
 
 
 def list_judges(engine: Engine, workspace: str | None = None) -> list[dict]:
-    """Every judge (or those of ``workspace``'s pool) as dicts: id, url, scheme, rule, enabled, healthy,
-    last_error, last_checked_at, last_ok_at, addresses, addresses_until, workspace (None: global)."""
+    """Every judge (or those of ``workspace``'s pool) as dicts: id, url, scheme, rule, enabled, healthy
+    (None until a probe answered), health (``"unknown"``, ``"healthy"``, ``"unhealthy"``), last_error,
+    last_checked_at, last_ok_at, addresses, addresses_until, workspace (None: global)."""
     if workspace is None:
         return _judge_rows(engine)
     with engine.connect() as conn:

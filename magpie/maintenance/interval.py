@@ -155,13 +155,19 @@ def advance(queue, token: str, *, batch: int, should_stop: Callable[[], bool] = 
         tick(1)
 
 
-def respread_now(queue, interval_ms: int | None = None, batch: int = 1000) -> dict:
+def respread_now(queue, interval_ms: int | None = None, batch: int = 1000,
+                 progress: Callable[[int, int], None] | None = None) -> dict:
     """A whole tracked respread toward ``interval_ms`` (default: the queue's) at once, then recorded as
-    the effective interval. Run under the ``respread`` lock. Returns ``{"moved", "leased", "missing",
-    "routes", "interval_ms"}``."""
+    the effective interval. Run under the ``respread`` lock. ``progress(placed, total)`` (routes) is
+    called after each batch. Returns ``{"moved", "leased", "missing", "routes", "interval_ms"}``."""
     target = int(interval_ms or queue.interval_ms)
     token = start_run(queue, target)
-    advance(queue, token, batch=batch)
+
+    def tick(_n: int = 1) -> None:
+        st = _read(queue) if progress is not None else {}
+        if "placed" in st:  # the run's fields go when it ends
+            progress(int(st["placed"]), int(st.get("total", 0)))
+    advance(queue, token, batch=batch, tick=tick)
     st = _read(queue)
     return {"moved": int(st.get("last_moved", 0)), "leased": int(st.get("last_leased", 0)), "missing": 0,
             "routes": queue.route_count(), "interval_ms": target}

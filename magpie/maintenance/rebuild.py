@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import redis as redis_lib
 from sqlalchemy.engine import Engine
@@ -37,6 +38,7 @@ def rebuild_schedule(
     chunk: int = CHUNK,
     lock: bool = True,
     cancel: threading.Event | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Schedule again every route PostgreSQL knows, keeping routes still present as they are.
 
@@ -48,6 +50,7 @@ def rebuild_schedule(
         lock: hold the ``rebuild`` leader lock for the duration (two rebuilds never overlap); with
             ``lock=False`` the caller coordinates.
         cancel: stop between chunks once set (the routes scheduled so far stay scheduled).
+        progress: called after each chunk with ``(routes fed so far, routes counted at the start)``.
     Returns:
         ``{"ran": bool, "routes": int (routes fed), "total": int (owned routes counted at the start),
         "new": int (added back), "merged": int, "unchanged": int, "complete": bool, "seconds": float}``;
@@ -79,7 +82,7 @@ def rebuild_schedule(
             if lost is None:
                 return {"ran": False, "reason": "another process holds the rebuild lock"}
             return rebuild_schedule(
-                settings, engine=engine, queue=queue, chunk=chunk, lock=False, cancel=lost
+                settings, engine=engine, queue=queue, chunk=chunk, lock=False, cancel=lost, progress=progress
             )
 
     t0 = time.monotonic()
@@ -95,6 +98,8 @@ def rebuild_schedule(
             out[k] += counts[k]
         out["routes"] += len(buf)
         buf.clear()
+        if progress is not None:
+            progress(out["routes"], max(total, out["routes"]))
 
     records = all_route_records(engine, keyring, batch=chunk)
     try:

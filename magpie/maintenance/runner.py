@@ -25,6 +25,7 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.errors import MagpieError
 from magpie.fencing import StaleLeader, fence
 from magpie.leader import LeaderLock, locks_held
 from magpie.maintenance.base import Job, JobContext
@@ -187,8 +188,11 @@ def run_job(
             out.update(reason=str(exc), seconds=round(time.monotonic() - t0, 3))
             return out
         except Exception as exc:  # noqa: BLE001 - recorded, then reported
-            log.exception("maintenance %s failed", j.name)
             msg = f"{exc.__class__.__name__}: {exc}"[:2000]
+            if isinstance(exc, MagpieError):  # a failure the job reports in words: one line, no traceback
+                log.error("maintenance %s failed: %s", j.name, msg)
+            else:
+                log.exception("maintenance %s failed", j.name)
             dt = time.monotonic() - t0
             try:
                 with engine.begin() as conn:

@@ -18,6 +18,7 @@ decryption (``benchmarks/queue_bench.py`` reports it).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 
@@ -168,3 +169,15 @@ def transcode(raw: str | bytes, cipher: QueueCipher, *, encrypt: bool) -> str | 
             return None
         return p.encode(cipher)
     return p.encode(None) if p.version == ENCRYPTED_VERSION else None
+
+
+def payload_revision(raw: str | bytes | None) -> str | None:
+    """A short digest of a stored payload text (16 hex characters of its SHA-1), or None without one.
+
+    ``magpie queue inspect`` prints it; ``magpie queue update --expected-revision`` names it, so an update
+    built from an older read is refused (``payload_changed``) instead of dropping a workspace added since.
+    """
+    if raw is None:
+        return None
+    data = raw.encode() if isinstance(raw, str) else raw
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:16]

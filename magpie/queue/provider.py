@@ -104,13 +104,17 @@ class ScheduleProvider(Protocol):
     def pause(self) -> None: """Stop claiming (checked inside every claim)."""
     def resume(self) -> None: """Claim again."""
     def is_paused(self) -> bool: """True while paused."""
-    def drain(self, batch: int = 1000) -> dict[str, int]:
-        """Delete due and waiting routes, sparing leased ones; ``{"due", "waiting", "leased_spared"}``."""
+    def drain(self, batch: int = 1000, progress=None) -> dict[str, int]:
+        """Delete due and waiting routes, sparing leased ones; ``{"due", "waiting", "leased_spared"}``;
+        ``progress(done, total)`` (route counts) is called as batches finish."""
     def obliterate(self, force: bool = False, batch: int = 1000) -> tuple[str, int]:
         """Delete the schedule in batches: ``("more"|"done", deleted)``; needs a pause."""
-    def remove_route(self, member: str, force: bool = False) -> None:
-        """Operator removal; ``active_leases`` under a live lease unless ``force``."""
-    def update(self, member: str, payload: str) -> None: """Replace a payload; schedule untouched."""
+    def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:
+        """Operator removal; ``active_leases`` under a live lease unless ``force``; ``payload_changed`` when
+        ``expected`` (the payload text read) is given and no longer stored."""
+    def update(self, member: str, payload: str, expected: str, force: bool = False) -> None:
+        """Replace a payload, fenced on ``expected`` (``payload_changed``) and on live leases
+        (``active_leases`` unless ``force``); schedule untouched."""
     def dead_letters(self, limit: int = 100) -> list[dict]:
         """``[{"member", "dead_at_ms", "reason", "stalls", "claims", "alone"}]``, oldest first."""
     def reprocess(self, member: str) -> int: """Put a dead-lettered route back, due now; returns ms."""

@@ -354,7 +354,8 @@ class RouteQueue:
     def enqueue_at(self, member: str, at_ms: int) -> int:
         """Check route ``member`` at Unix ms ``at_ms`` instead of its current due time; the route keeps one
         schedule entry and resumes its cadence after that check. Returns the due time (ms).
-        Raises :class:`QueueError` ``gone``, ``leased`` (a check is running now) or ``dead``."""
+        An expired lease (its holder vanished) ends here. Raises :class:`QueueError` ``gone``, ``leased`` (a
+        live lease: a check is running now) or ``dead``."""
         return self._at(member, "at", at_ms)
 
     def enqueue_in(self, member: str, delay_ms: int = 0) -> int:
@@ -433,13 +434,15 @@ class RouteQueue:
     def is_paused(self) -> bool:
         return bool(self.r.exists(self.keys.paused))
 
-    def drain(self, batch: int = 1000) -> dict[str, int]:
+    def drain(self, batch: int = 1000, progress: Callable[[int, int], None] | None = None) -> dict[str, int]:
         """Unschedule and delete every route that is due or waiting, sparing leased ones.
 
+        ``progress`` is called after each script call with ``(routes looked at, routes at the start)``.
         Returns ``{"due": n, "waiting": n, "leased_spared": n}``.
         """
         k = self.keys
         out = {"due": 0, "waiting": 0, "leased_spared": 0}
+        total = self.route_count() if progress is not None else 0
         for shard in k.all_shards():
             offset = 0
             while True:
@@ -449,6 +452,9 @@ class RouteQueue:
                 out["waiting"] += int(waiting)
                 out["leased_spared"] += int(leased)
                 offset += int(leased)
+                if progress is not None:
+                    done = sum(out.values())
+                    progress(done, max(total, done))
                 if not int(more):
                     break
         return out
@@ -468,18 +474,36 @@ class RouteQueue:
         status, deleted = res
         return _s(status), int(deleted)
 
-    def remove_route(self, member: str, force: bool = False) -> None:
-        """Operator removal of one route. Raises :class:`QueueError` ``gone``, or ``active_leases``
-        while a live lease is out unless ``force``."""
+    def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:
+        """Operator removal of one route (``admin_remove.lua``).
+
+        Args:
+            member: the route hash. force: remove even under a live lease.
+            expected: the payload text the caller read (:meth:`payload`); when given, the removal is
+                refused if the stored payload differs (a concurrent import or update). None skips that fence.
+        Raises :class:`QueueError` ``gone``; ``active_leases`` while a live lease is out unless ``force``;
+        ``payload_changed`` (nothing removed).
+        """
         k = self.keys
         res = int(self._one(self.scripts.admin_remove, k.shard_of(member), [
-            self._now(), k.payload_prefix, k.logs_prefix, member, "1" if force else "0"]))
+            self._now(), k.payload_prefix, k.logs_prefix, member, "1" if force else "0",
+            "" if expected is None else expected]))
         if is_refusal(res):
             raise refusal(res, member)
 
-    def update(self, member: str, payload: str) -> None:
-        """Operator replacement of a route's payload; the schedule is untouched. Raises ``gone``."""
-        res = int(self.scripts.update(keys=self._core, args=[self.keys.payload_prefix, member, payload]))
+    def update(self, member: str, payload: str, expected: str, force: bool = False) -> None:
+        """Operator replacement of a route's payload (``update.lua``); the schedule is untouched.
+
+        Args:
+            member: the route hash. payload: the new payload text (:meth:`Payload.encode`).
+            expected: the payload text the caller built ``payload`` from (:meth:`payload`).
+            force: update even under a live lease.
+        Raises :class:`QueueError` ``gone``; ``payload_changed`` when the stored payload is no longer
+        ``expected`` (an import added a workspace since the read); ``active_leases`` under a live lease
+        unless ``force``. A refusal changes nothing.
+        """
+        res = int(self._one(self.scripts.update, self.keys.shard_of(member), [
+            self._now(), self.keys.payload_prefix, member, payload, expected, "1" if force else "0"]))
         if is_refusal(res):
             raise refusal(res, member)
 

@@ -20,7 +20,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from magpie.errors import MagpieError, RefusedError
 from magpie.throttle import FailureLog, FailureThrottle
-from magpie.web import api, pages
+from magpie.web import api, bulk, pages
 from magpie.web.auth import COOKIE, AuthRefused, Sessions, allowed_hosts, bearer, is_loopback, token_matches
 from magpie.web.service import Dashboard
 
@@ -83,6 +83,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
     app.state.login_throttle = FailureThrottle()
     app.state.login_log = FailureLog(log, "dashboard: failed sign-ins")
     app.include_router(api.router)
+    app.include_router(bulk.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("magpie.web", "static")]), name="static")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from magpie.errors import Refusal
-from magpie.queue import GONE, LeaseLost, Payload, QueueError, is_lease_score
+from magpie.queue import GONE, LEASE_LOST, LeaseLost, Payload, QueueError, is_lease_score
 from magpie.routes import Route
 
 
@@ -89,7 +89,7 @@ def test_ownership_change_keeps_current_credentials(cq, clock):
     newer = Payload.decode(p)
     newer.route = Route("socks5", "127.0.0.1", 3001, "u", "rotated")
     newer.workspaces = [1, 4]
-    cq.update(h, newer.encode())  # credentials rotated meanwhile
+    cq.update(h, newer.encode(), p, force=True)  # credentials rotated meanwhile
     desired = Payload.decode(p)
     desired.workspaces = [1, 2]
     cq.complete_with_payload(le, desired.encode())
@@ -194,6 +194,20 @@ def test_enqueue_at_refuses_running_dead_and_unknown_routes(cq, clock):
     assert exc.value.code is Refusal.GONE
     cq.complete_one(le)
     assert cq.enqueue_at(h, clock.now + 5000) == clock.now + 5000
+
+
+def test_check_now_on_an_expired_lease_is_not_refused_as_leased(cq, clock):
+    """The holder vanished: its expired lease no longer holds the route, so "check now" takes effect, and
+    the stale holder's completion is refused."""
+    h, p = item(1)
+    le = claimed(cq, clock, (h, p))[0]
+    clock.advance(10_001)  # the lease (10 s) expired, no claim met it yet
+    assert cq.enqueue_in(h, 0) == clock.now
+    assert float(cq.score(h)) == clock.now
+    assert cq.status()["totals"]["leased"] == 0 and cq.status()["totals"]["expired_leases"] == 0
+    assert cq.complete([le]) == [LEASE_LOST]
+    again = cq.pop(1)
+    assert [x.member for x in again] == [h] and not again[0].stalled
 
 
 def test_retry_uses_the_delay_and_counts_attempts(cq, clock):
@@ -306,9 +320,57 @@ def test_operator_remove_refuses_live_lease_unless_forced(cq, clock):
     assert exc.value.code is Refusal.GONE
 
 
+def test_update_from_an_older_read_keeps_the_workspace_an_import_added(cq, clock):
+    """An operator update built from a snapshot taken before an import merged a workspace is refused
+    (``payload_changed``) and changes nothing; built from the current payload it applies."""
+    h, p = item(1, ws=(1,))
+    cq.schedule([(h, p)])
+    snapshot = cq.payload(h)
+    cq.schedule([item(1, ws=(2,))])  # an import adds workspace 2
+    merged = cq.payload(h)
+    assert Payload.decode(merged).workspaces == [1, 2]
+    edit = Payload.decode(snapshot)
+    edit.route = Route("socks5", "127.0.0.1", 3001, "u", "new")
+    with pytest.raises(QueueError) as exc:
+        cq.update(h, edit.encode(), snapshot)
+    assert exc.value.code is Refusal.PAYLOAD_CHANGED
+    assert cq.payload(h) == merged
+    fresh = Payload.decode(merged)
+    fresh.route = edit.route
+    cq.update(h, fresh.encode(), merged)
+    assert Payload.decode(cq.payload(h)).workspaces == [1, 2]
+
+
+def test_update_refuses_a_live_lease_unless_forced(cq, clock):
+    h, p = item(1)
+    le = claimed(cq, clock, (h, p))[0]
+    edit = Payload.decode(p)
+    edit.workspaces = [1, 5]
+    with pytest.raises(QueueError) as exc:
+        cq.update(h, edit.encode(), p)
+    assert exc.value.code is Refusal.ACTIVE_LEASES
+    assert cq.payload(h) == p
+    cq.update(h, edit.encode(), p, force=True)
+    assert Payload.decode(cq.payload(h)).workspaces == [1, 5]
+    with pytest.raises(QueueError, match="payload_changed"):
+        cq.remove(le)  # the holder read the old payload
+
+
+def test_operator_remove_is_fenced_on_the_payload_read(cq, clock):
+    h, p = item(1, ws=(1,))
+    cq.schedule([(h, p)])
+    cq.schedule([item(1, ws=(2,))])
+    with pytest.raises(QueueError) as exc:
+        cq.remove_route(h, expected=p)
+    assert exc.value.code is Refusal.PAYLOAD_CHANGED
+    assert Payload.decode(cq.payload(h)).workspaces == [1, 2]
+    cq.remove_route(h, expected=cq.payload(h))
+    assert cq.inspect(h)["state"] == "gone" and cq.payload(h) is None
+
+
 def test_update_unknown_route_is_refused(cq):
     with pytest.raises(QueueError) as exc:
-        cq.update("0" * 24, "{}")
+        cq.update("0" * 24, "{}", "{}")
     assert exc.value.code is Refusal.GONE
 
 

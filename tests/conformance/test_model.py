@@ -1,5 +1,6 @@
-"""Randomized interleaving of claim / renew / complete / remove / retry / import / stall / operator calls
-from several simulated workers, checked step by step against a small reference model of the schedule."""
+"""Randomized interleaving of claim / renew / complete / remove / retry / import / stall calls from several
+simulated workers and of the operator's calls (update, remove, drain, obliterate, respread, enqueue at/in,
+pause, reprocess), checked step by step against a small reference model of the schedule."""
 
 from __future__ import annotations
 
@@ -93,6 +94,10 @@ class Model:
         for d in (self.score, self.ws, self.dead, self.stalls, self.retries, self.suspect, self.started):
             d.pop(m, None)
 
+    def live(self, m):
+        s = self.score.get(m)
+        return s is not None and s % 1 == 0.5 and s > self.now
+
     def complete(self, lease, new_ws=None):
         m, prev = lease.member, float(lease.previous_score)
         self.score[m] = max(math.floor(prev), self.now) + self.interval
@@ -108,6 +113,10 @@ def test_random_interleaving_matches_reference_model(make_queue, clock, steps):
     model = Model(q, clock.now, interval, lease_ms, max_stalled)
     held = []  # leases in the hands of simulated workers, some of them stale
     counts: dict[str, int] = {}
+    outcomes: dict[tuple, int] = {}  # (operator call, 1 or refusal) -> times
+
+    def seen(op, expect):
+        outcomes[(op, expect)] = outcomes.get((op, expect), 0) + 1
 
     def fenced(lease, real_call, on_ok):
         expect = model.fence(lease)
@@ -127,8 +136,8 @@ def test_random_interleaving_matches_reference_model(make_queue, clock, steps):
     for step in range(steps):
         op = rnd.choices(
             ["import", "pop", "renew", "complete", "remove", "complete_payload", "retry", "tick", "enqueue",
-             "pause", "reprocess"],
-            weights=[6, 20, 6, 18, 3, 5, 3, 20, 3, 1, 2])[0]
+             "pause", "reprocess", "update", "admin_remove", "drain", "obliterate", "respread", "enqueue_at"],
+            weights=[6, 20, 6, 18, 3, 5, 3, 20, 3, 1, 2, 3, 2, 0.3, 0.3, 0.5, 2])[0]
         counts[op] = counts.get(op, 0) + 1
         if op == "import":
             members = rnd.sample(MEMBERS, rnd.randint(1, 6))
@@ -160,14 +169,109 @@ def test_random_interleaving_matches_reference_model(make_queue, clock, steps):
             delay = rnd.randint(0, 2000)
             try:
                 due = q.enqueue_in(m, delay)
-                assert m in model.score and model.score[m] % 1 != 0.5
+                assert m in model.score and not model.live(m)
                 model.score[m] = model.now + delay
                 model.retries.pop(m, None)
                 assert due == model.now + delay
             except QueueError as exc:
-                expect = (Refusal.LEASED if m in model.score
+                expect = (Refusal.LEASED if model.live(m)
                           else Refusal.DEAD if m in model.dead else Refusal.GONE)
                 assert exc.code is expect, step
+        elif op == "enqueue_at":
+            m = rnd.choice(MEMBERS)
+            at = model.now + rnd.randint(-1000, 3000)
+            try:
+                due = q.enqueue_at(m, at)
+                assert m in model.score and not model.live(m), step
+                model.score[m] = at
+                model.retries.pop(m, None)
+                assert due == at
+            except QueueError as exc:
+                expect = (Refusal.LEASED if model.live(m)
+                          else Refusal.DEAD if m in model.dead else Refusal.GONE)
+                assert exc.code is expect, step
+        elif op == "update":
+            m = rnd.choice(MEMBERS)
+            current = q.payload(m)
+            base = current if rnd.random() < 0.6 or current is None else payload(m, {rnd.randint(1, 4)})
+            new_ws = set(rnd.sample([1, 2, 3, 4], rnd.randint(1, 3)))
+            force = rnd.random() < 0.5
+            if m not in model.ws:
+                expect = Refusal.GONE
+            elif base != current:
+                expect = Refusal.PAYLOAD_CHANGED
+            elif model.live(m) and not force:
+                expect = Refusal.ACTIVE_LEASES
+            else:
+                expect = 1
+            seen(op, expect)
+            try:
+                q.update(m, payload(m, new_ws), base or payload(m, {1}), force=force)
+                assert expect == 1, (step, expect)
+                model.ws[m] = new_ws
+            except QueueError as exc:
+                assert exc.code is expect, step
+        elif op == "admin_remove":
+            m = rnd.choice(MEMBERS)
+            current = q.payload(m)
+            expected = rnd.choice([None, current, payload(m, {rnd.randint(1, 4)})])
+            force = rnd.random() < 0.5
+            if m not in model.ws:
+                expect = Refusal.GONE
+            elif expected is not None and expected != current:
+                expect = Refusal.PAYLOAD_CHANGED
+            elif model.live(m) and not force:
+                expect = Refusal.ACTIVE_LEASES
+            else:
+                expect = 1
+            seen(op, expect)
+            try:
+                q.remove_route(m, force=force, expected=expected)
+                assert expect == 1, (step, expect)
+                model.forget(m)
+            except QueueError as exc:
+                assert exc.code is expect, step
+        elif op == "drain":
+            res = q.drain(batch=rnd.choice([2, 7, 1000]))
+            gone = [m for m in model.score if not model.live(m)]
+            want = {"due": sum(1 for m in gone if model.score[m] <= model.now),
+                    "waiting": sum(1 for m in gone if model.score[m] > model.now),
+                    "leased_spared": sum(1 for m in model.score if model.live(m))}
+            assert res == want, step
+            for m in gone:
+                model.forget(m)
+        elif op == "obliterate":
+            force = rnd.random() < 0.5
+            if not model.paused:
+                expect = Refusal.NOT_PAUSED
+            elif any(model.live(m) for m in model.score) and not force:
+                expect = Refusal.ACTIVE_LEASES
+            else:
+                expect = 1
+            seen(op, expect)
+            try:
+                total = 0
+                while True:
+                    status, n = q.obliterate(force=force, batch=rnd.choice([3, 1000]))
+                    total += n
+                    if status == "done":
+                        break
+                assert expect == 1, step
+                assert total == len(model.score) + len(model.dead), step
+                for m in list(model.ws):
+                    model.forget(m)
+                model.paused = False
+            except QueueError as exc:
+                assert exc.code is expect, step
+        elif op == "respread":
+            res = q.respread(batch=rnd.choice([3, 1000]))
+            leased = [m for m, sc in model.score.items() if sc % 1 == 0.5]
+            moved = [m for m, sc in model.score.items() if sc % 1 != 0.5]
+            assert (res["moved"], res["leased"]) == (len(moved), len(leased)), step
+            for m in moved:
+                s = float(q.score(m))
+                assert s % 1 == 0 and model.now <= s < model.now + interval, (step, m, s)
+                model.score[m] = s
         elif op == "reprocess":
             if model.dead:
                 m = rnd.choice(sorted(model.dead))
@@ -237,5 +341,11 @@ def test_random_interleaving_matches_reference_model(make_queue, clock, steps):
                 assert info["stalls"] == model.stalls.get(m, 0), (step, m)
                 assert (info["state"] == "dead") == (m in model.dead), (step, m)
     # the run exercised every operation, including stalls that dead-lettered routes
-    assert all(counts.get(op, 0) > 50 for op in ("pop", "complete", "renew", "retry", "remove", "import"))
+    assert all(counts.get(op, 0) > 50 for op in ("pop", "complete", "renew", "retry", "remove", "import",
+                                                 "update", "admin_remove", "enqueue_at"))
+    assert all(counts.get(op, 0) > 10 for op in ("drain", "obliterate", "respread"))
+    for op in ("update", "admin_remove"):  # every fence was met, and passed
+        assert all(outcomes.get((op, e), 0) > 0 for e in (1, Refusal.GONE, Refusal.PAYLOAD_CHANGED,
+                                                          Refusal.ACTIVE_LEASES)), outcomes
+    assert outcomes.get(("obliterate", 1), 0) > 0 and outcomes.get(("obliterate", Refusal.NOT_PAUSED), 0) > 0
     assert q.dead_letters() or counts["reprocess"] > 0

@@ -151,12 +151,12 @@ def test_queue_verbs_and_typed_refusals(cli, db, tmp_path):
     assert refused == {"ok": False, "refused": "not_paused", "member": None}
     cli("queue", "pause")
     assert json.loads(cli("status", "--json").stdout)["paused"] is True
-    done = json.loads(cli("queue", "obliterate", "--json").stdout)["result"]
+    done = json.loads(cli("queue", "obliterate", "--yes", "--json").stdout)["result"]
     assert done == {"status": "done", "deleted_routes": 2}
     gone = json.loads(cli("queue", "reprocess", h, "--json", code=3).stdout)
     assert gone["refused"] == "not_dead"
     assert json.loads(cli("queue", "inspect", h, "--json", code=3).stdout)["refused"] == "gone"
-    cli("queue", "update", h, "not json", code=2)
+    cli("queue", "update", h, "not json", "--expected-revision", "0" * 16, code=2)
 
 
 def test_one_shot_check_needs_no_redis_or_postgres(tmp_path, monkeypatch):

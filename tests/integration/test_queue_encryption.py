@@ -30,7 +30,7 @@ from magpie.queue import Lease, Payload, RouteQueue
 from magpie.queue import migrate as migrate_mod
 from magpie.queue.completion import StreamTarget
 from magpie.queue.migrate import migrate_payloads
-from magpie.queue.payload import read_cipher
+from magpie.queue.payload import payload_revision, read_cipher
 from magpie.stats.keys import stream_key
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -310,17 +310,19 @@ def test_a_wrong_key_is_one_line_naming_the_setting(db, cli, q, listfile):
     assert "Zq9" not in res.output and "qz-user" not in res.output and "another-key" not in res.output
     sealed = next(p for p in payloads(q).values() if p.startswith('{"v":2,'))
     h = json.loads(sealed)["k"]
-    res = cli("queue", "update", h, sealed, env=wrong, code=2)
+    res = cli("queue", "update", h, sealed, "--expected-revision", payload_revision(sealed), env=wrong, code=2)
     assert "PROXY_ENCRYPTION_KEY" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 def test_queue_update_honours_the_setting(db, cli, q, listfile, settings):
     cli("import", str(listfile), "--workspace", "alpha", "--json")
     h, plain = next((h, p) for h, p in payloads(q).items() if "qz-user-1" in p)
-    cli("queue", "update", h, plain, env={"PROXY_QUEUE_ENCRYPT_CREDENTIALS": "true"})
+    cli("queue", "update", h, plain, "--expected-revision", payload_revision(plain),
+        env={"PROXY_QUEUE_ENCRYPT_CREDENTIALS": "true"})
     stored = q.payload(h)
     assert stored.startswith('{"v":2,') and "Zq9" not in stored
-    cli("queue", "update", h, stored)  # a sealed payload given with the setting off is stored in plaintext
+    # a sealed payload given with the setting off is stored in plaintext
+    cli("queue", "update", h, stored, "--expected-revision", payload_revision(stored))
     assert q.payload(h) == plain
 
 

@@ -74,15 +74,16 @@ class AdminPlane:
     def _at(self, member: str, due_sql: str, value: int) -> int:
         with self.tx() as cur:
             now = self._now(cur)
-            cur.execute("SELECT lease_token IS NOT NULL, due_at IS NULL FROM schedule_routes "
-                        "WHERE schedule = %s AND route = %s FOR UPDATE", (self.name, member))
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), due_at IS NULL FROM schedule_routes "
+                        "WHERE schedule = %(s)s AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
             row = cur.fetchone()
             if row is None or row[1]:
                 raise refusal(Refusal.GONE if row is None else Refusal.DEAD, member)
-            if row[0]:
+            if row[0]:  # a live lease; an expired one (its holder vanished) ends here
                 raise refusal(Refusal.LEASED, member)
             due = int(value) if due_sql == "at" else now + int(value)
-            cur.execute(f"UPDATE schedule_routes SET due_at = {ts('%s')}, retry = false, retries = 0 "
+            cur.execute(f"UPDATE schedule_routes SET due_at = {ts('%s')}, retry = false, retries = 0, "
+                        "lease_expires_at = NULL, lease_token = NULL, leased_at = NULL, last_heartbeat_at = NULL "
                         "WHERE schedule = %s AND route = %s", (due, self.name, member))
         return due
 
@@ -135,8 +136,9 @@ class AdminPlane:
             row = cur.fetchone()
         return bool(row and row[0])
 
-    def drain(self, batch: int = 1000) -> dict[str, int]:
-        """Delete every due or waiting route, sparing live leases. ``{"due", "waiting", "leased_spared"}``."""
+    def drain(self, batch: int = 1000, progress=None) -> dict[str, int]:
+        """Delete every due or waiting route, sparing live leases, in one transaction; ``progress(done,
+        total)`` is called once at the end. ``{"due", "waiting", "leased_spared"}``."""
         with self.tx() as cur:
             now = self._now(cur)
             cur.execute(f"WITH d AS (DELETE FROM schedule_routes WHERE schedule = %(s)s AND due_at IS NOT NULL "
@@ -147,7 +149,10 @@ class AdminPlane:
             cur.execute(f"SELECT count(*) FROM schedule_routes WHERE schedule = %(s)s AND {_LIVE}",
                         {"s": self.name, "now": now})
             leased = cur.fetchone()[0]
-        return {"due": int(due), "waiting": int(waiting), "leased_spared": int(leased)}
+        out = {"due": int(due), "waiting": int(waiting), "leased_spared": int(leased)}
+        if progress is not None:
+            progress(sum(out.values()), sum(out.values()))
+        return out
 
     def obliterate(self, force: bool = False, batch: int = 1000) -> tuple[str, int]:
         """Delete the whole schedule, at most ``batch`` routes per call: ``("more"|"done", deleted)``.
@@ -173,27 +178,40 @@ class AdminPlane:
             cur.execute("DELETE FROM schedule_results WHERE schedule = %s", (self.name,))
         return "done", deleted
 
-    def remove_route(self, member: str, force: bool = False) -> None:
-        """Operator removal of one route. Refusals: ``gone``; ``active_leases`` under a live lease unless
-        ``force`` (its holder's completion then finds it gone)."""
+    def remove_route(self, member: str, force: bool = False, expected: str | None = None) -> None:
+        """Operator removal of one route. ``expected``: the payload text the caller read (None: no payload
+        fence). Refusals: ``gone``; ``payload_changed`` (stored payload is not ``expected``);
+        ``active_leases`` under a live lease unless ``force`` (its holder's completion then finds it gone)."""
         with self.tx() as cur:
             now = self._now(cur)
-            cur.execute(f"SELECT COALESCE({_LIVE}, false) FROM schedule_routes WHERE schedule = %(s)s AND "
-                        "route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), payload FROM schedule_routes WHERE schedule = %(s)s "
+                        "AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
             row = cur.fetchone()
             if row is None:
                 raise refusal(Refusal.GONE, member)
+            if expected is not None and row[1] != expected:
+                raise refusal(Refusal.PAYLOAD_CHANGED, member)
             if row[0] and not force:
                 raise refusal(Refusal.ACTIVE_LEASES, member)
             cur.execute("DELETE FROM schedule_routes WHERE schedule = %s AND route = %s", (self.name, member))
 
-    def update(self, member: str, payload: str) -> None:
-        """Operator replacement of a route's payload; the schedule is untouched. Raises ``gone``."""
+    def update(self, member: str, payload: str, expected: str, force: bool = False) -> None:
+        """Operator replacement of a route's payload, fenced on ``expected`` (the payload text the caller
+        built ``payload`` from); the schedule is untouched. Refusals: ``gone``; ``payload_changed``;
+        ``active_leases`` under a live lease unless ``force``. A refusal changes nothing."""
         with self.tx() as cur:
+            now = self._now(cur)
+            cur.execute(f"SELECT COALESCE({_LIVE}, false), payload FROM schedule_routes WHERE schedule = %(s)s "
+                        "AND route = %(m)s FOR UPDATE", {"s": self.name, "m": member, "now": now})
+            row = cur.fetchone()
+            if row is None:
+                raise refusal(Refusal.GONE, member)
+            if row[1] != expected:
+                raise refusal(Refusal.PAYLOAD_CHANGED, member)
+            if row[0] and not force:
+                raise refusal(Refusal.ACTIVE_LEASES, member)
             cur.execute("UPDATE schedule_routes SET payload = %s WHERE schedule = %s AND route = %s",
                         (payload, self.name, member))
-            if cur.rowcount == 0:
-                raise refusal(Refusal.GONE, member)
 
     def dead_letters(self, limit: int = 100) -> list[dict]:
         """Dead-lettered routes, oldest first: ``[{"member", "dead_at_ms", "reason", "stalls", "claims",

@@ -1,0 +1,177 @@
+"""``magpie workspaces list|create|delete`` and ``magpie bulk remove-routes|reprocess-dead|retry-deliveries``:
+the operator's bulk verbs (:mod:`magpie.operations`). Each takes ``--dry-run`` (count, change nothing) and
+``--json``; destructive ones ask on a terminal and need ``--yes`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import click
+
+from magpie.cli.context import CliState, json_option, pass_state
+from magpie.cli.output import echo_json, rows_table
+
+_DRY_RUN = click.option("--dry-run", is_flag=True, help="Count what would change; change nothing.")
+_YES = click.option("--yes", is_flag=True, help="Do not ask for confirmation (needed when stdin is not a terminal).")
+
+
+def _emit(as_json: bool, result: dict, text: str) -> None:
+    if as_json:
+        echo_json({"ok": True, "result": result})
+    else:
+        click.echo(text)
+
+
+def _counts(result: dict, keys: tuple[str, ...]) -> str:
+    return " ".join(f"{k}={result[k]}" for k in keys)
+
+
+@click.group()
+def workspaces() -> None:
+    """Workspaces: named sets of routes (imports add to them; deleting one removes its routes, fenced)."""
+
+
+@workspaces.command("list")
+@json_option
+@pass_state
+def workspaces_list(state: CliState, as_json: bool) -> None:
+    """List workspaces with their route counts.
+
+    \b
+    Example:
+      magpie workspaces list --json
+    """
+    from magpie.operations import list_workspaces
+
+    rows = list_workspaces(state.engine)
+    if as_json:
+        echo_json({"ok": True, "result": rows})
+        return
+    rows_table("workspaces", ["id", "name", "routes", "created"],
+               [[r["id"], r["name"], r["routes"], r["created_at"]] for r in rows])
+
+
+@workspaces.command("create")
+@click.argument("name")
+@_DRY_RUN
+@json_option
+@pass_state
+def workspaces_create(state: CliState, name: str, dry_run: bool, as_json: bool) -> None:
+    """Create workspace NAME (1-64 letters, digits, '_', '.', '-').
+
+    \b
+    Example:
+      magpie workspaces create acme
+    """
+    from magpie.operations import create_workspace
+
+    out = create_workspace(state.engine, name, dry_run=dry_run)
+    _emit(as_json, out, f"{'would create' if dry_run else 'created'} workspace {name!r}")
+
+
+@workspaces.command("delete")
+@click.argument("name")
+@_DRY_RUN
+@_YES
+@json_option
+@pass_state
+def workspaces_delete(state: CliState, name: str, dry_run: bool, yes: bool, as_json: bool) -> None:
+    """Delete workspace NAME: its routes leave it through the schedule's fenced calls; routes no other
+    workspace owns are removed. A route under a live lease is left for the next run (exit 1).
+
+    \b
+    Example:
+      magpie workspaces delete acme --dry-run
+      magpie workspaces delete acme --yes --json
+    """
+    from magpie.cli.progress import confirm_destructive
+    from magpie.operations import delete_workspace, remove_routes
+
+    if not dry_run:
+        n = remove_routes(state.engine, state.queue, workspace=name, dry_run=True)["matched"]
+        confirm_destructive(f"delete workspace {name!r} and take its {n} routes out of it", yes)
+    out = delete_workspace(state.engine, state.queue, name, dry_run=dry_run)
+    _emit(as_json, out, ("would take " if dry_run else "") + _counts(
+        out, ("matched", "removed", "updated", "skipped_leased")) + ("" if dry_run else f" deleted={out['deleted']}"))
+    if not dry_run and not out["deleted"]:
+        raise SystemExit(1)
+
+
+@click.group()
+def bulk() -> None:
+    """Bulk operator verbs: remove routes by filter, reprocess dead letters, retry failed deliveries."""
+
+
+@bulk.command("remove-routes")
+@click.option("--workspace", "-w", default=None, help="Only routes of this workspace (they leave it only).")
+@click.option("--protocol", type=click.Choice(["http", "https", "socks4", "socks5"]), default=None)
+@click.option("--dead-days", type=click.FloatRange(0, 36500), default=None,
+              help="Only routes failing now and not alive for more than this many days.")
+@_DRY_RUN
+@_YES
+@json_option
+@pass_state
+def bulk_remove_routes(state: CliState, workspace, protocol, dead_days, dry_run, yes, as_json) -> None:
+    """Remove the routes matching every filter given (at least one), through the schedule's fenced calls.
+    Routes under a live lease are left for the next run (exit 1).
+
+    \b
+    Example:
+      magpie bulk remove-routes --protocol socks4 --dead-days 7 --dry-run
+      magpie bulk remove-routes -w acme --dead-days 30 --yes --json
+    """
+    from magpie.cli.progress import confirm_destructive
+    from magpie.operations import remove_routes
+
+    kw = dict(workspace=workspace, protocol=protocol, dead_days=dead_days)
+    if not dry_run:
+        n = remove_routes(state.engine, state.queue, dry_run=True, **kw)["matched"]
+        confirm_destructive(f"remove {n} routes", yes)
+    out = remove_routes(state.engine, state.queue, dry_run=dry_run, **kw)
+    _emit(as_json, out, ("would remove: " if dry_run else "") + _counts(
+        out, ("matched", "removed", "updated", "skipped_leased")))
+    if out["skipped_leased"]:
+        raise SystemExit(1)
+
+
+@bulk.command("reprocess-dead")
+@click.option("--reason", default=None, help="Only dead letters with this reason (e.g. stalled).")
+@click.option("--older-than", type=click.FloatRange(0), default=None, metavar="SECONDS",
+              help="Only those dead-lettered more than SECONDS ago.")
+@_DRY_RUN
+@json_option
+@pass_state
+def bulk_reprocess_dead(state: CliState, reason, older_than, dry_run, as_json) -> None:
+    """Put every dead-lettered route (or those matching the filters) back, due now.
+
+    \b
+    Example:
+      magpie bulk reprocess-dead --reason stalled --dry-run
+      magpie bulk reprocess-dead --json
+    """
+    from magpie.operations import reprocess_dead
+
+    out = reprocess_dead(state.queue, reason=reason, older_than_s=older_than, dry_run=dry_run)
+    _emit(as_json, out, ("would reprocess: " if dry_run else "") + _counts(out, ("matched", "reprocessed", "raced")))
+
+
+@bulk.command("retry-deliveries")
+@click.option("--kind", type=click.Choice(["webhook", "email"]), default="webhook", show_default=True)
+@click.option("--channel", "channel_id", type=int, default=None, help="Webhook deliveries of this channel id only.")
+@_DRY_RUN
+@json_option
+@pass_state
+def bulk_retry_deliveries(state: CliState, kind, channel_id, dry_run, as_json) -> None:
+    """Give every failed webhook delivery (or email) one more attempt, due now.
+
+    \b
+    Example:
+      magpie bulk retry-deliveries --dry-run
+      magpie bulk retry-deliveries --kind email --json
+    """
+    from magpie.operations import retry_failed
+
+    out = retry_failed(state.engine, kind=kind, channel_id=channel_id, dry_run=dry_run)
+    _emit(as_json, out, ("would retry: " if dry_run else "") + _counts(out, ("matched", "retried", "raced")))
+
+
+COMMANDS = [workspaces, bulk]
