@@ -86,8 +86,11 @@ class RouteQueue:
         never be claimed). Obliterating the schedule clears the record.
         """
         want = str(self.keys.shards)
-        self.r.set(self.keys.layout, want, nx=True)
-        have = _s(self.r.get(self.keys.layout) or want)
+        have = self.r.get(self.keys.layout)
+        if have is None:  # a read first: a full Redis (maxmemory) still serves a known layout
+            self.r.set(self.keys.layout, want, nx=True)
+            have = self.r.get(self.keys.layout)
+        have = _s(have or want)
         if have != want:
             raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
                 f"schedule has {have} shards, PROXY_QUEUE_SHARDS={want}; "
