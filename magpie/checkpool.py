@@ -40,6 +40,8 @@ import socket
 import threading
 import time
 from collections import deque
+
+import redis as redis_lib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +53,7 @@ from magpie.checker.result import CheckResult
 from magpie.queue import COMPLETED, Lease, Payload, PayloadError, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
 from magpie.queue.completion import Completion, StreamTarget
+from magpie.queue.quarantine import withdraw_starts
 from magpie.stats.entry import entry_fields
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,8 @@ class BatchReport:
     (released unchecked, too late to start), ``stale_completions`` (completions refused as stale),
     ``published`` (stream entries written), ``dropped`` (results lost to the stream's bound; their routes
     were still completed), ``overran`` (checks stopped by the pool's last guard, recorded as ReadTimeout:
-    the event loop fell far behind its deadlines).
+    the event loop fell far behind its deadlines), ``refused`` (completions, retries and hand-backs the
+    schedule refused, e.g. Redis at ``maxmemory``: results dropped, start marks withdrawn, no stall).
     """
 
     completed: int = 0
@@ -82,6 +86,7 @@ class BatchReport:
     published: int = 0
     dropped: int = 0
     overran: int = 0
+    refused: int = 0
 
     def add(self, other: BatchReport) -> None:
         for name in self.__dataclass_fields__:
@@ -99,6 +104,13 @@ def result_entry(payload: Payload, res: CheckResult) -> dict[str, str]:
     if res.owners:
         fields["wf"] = res.owners
     return fields
+
+
+def _unmark_quietly(queue, lease: Lease) -> None:
+    try:
+        queue.unmark_started([lease])
+    except Exception:  # noqa: BLE001 - the mark then stays: a crash before completion counts, as before
+        log.debug("could not withdraw the start mark of %s", lease.member, exc_info=True)
 
 
 @dataclass
@@ -350,6 +362,7 @@ class CheckPool:
             self._running.pop(id(le), None)
             if le.alone:
                 self._alone_busy = False
+                self._io.submit(_unmark_quietly, self.queue, le)  # a crash from here on is not its check's
                 if slot_token:
                     self._io.submit(self._give_back_slot, slot_token)
             if not self._closing:
@@ -424,7 +437,12 @@ class CheckPool:
         for i in range(0, len(done), _COMPLETE_CHUNK):
             chunk = done[i: i + _COMPLETE_CHUNK]
             results = [result_entry(payload, res) for _, payload, res in chunk]
-            comp = self._complete([le for le, _, _ in chunk], results)
+            try:
+                comp = self._complete([le for le, _, _ in chunk], results)
+            except redis_lib.RedisError as exc:  # refused (e.g. maxmemory): no stall for these routes
+                withdraw_starts(self.queue, [le for le, _, _ in chunk], exc)
+                report.refused += len(chunk)
+                continue
             report.dropped += comp.dropped
             for fields, code, stream_id in zip(results, comp.codes, comp.ids):
                 if code == COMPLETED:
@@ -434,15 +452,27 @@ class CheckPool:
                 else:
                     report.lease_lost += 1
                     report.stale_completions += 1
+        refused = []
         for le in retry:
             try:
                 self.queue.retry(le, self.backoff.delay(le.retry_attempts + 1))
                 report.retried += 1
-            except Exception:  # noqa: BLE001 - QueueError (lease lost) or Redis trouble
+            except redis_lib.RedisError as exc:
+                refused.append(le)
+                report.refused += 1
+                error = exc
+            except Exception:  # noqa: BLE001 - QueueError (lease lost) or other store trouble
                 report.lease_lost += 1
         if handback:
-            self.queue.release(handback)
-            report.handed_back += len(handback)
+            try:
+                self.queue.release(handback)
+                report.handed_back += len(handback)
+            except redis_lib.RedisError as exc:
+                refused.extend(handback)
+                report.refused += len(handback)
+                error = exc
+        if refused:
+            withdraw_starts(self.queue, refused, error)
         report.published = len(entries)
         if report.overran:
             log.warning("%d checks outlived their deadline by more than the guard's slack and were stopped "
