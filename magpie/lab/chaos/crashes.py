@@ -74,7 +74,7 @@ def mass_crash(ctx: Ctx) -> Outcome:
                        "quarantined_peak": peak_quarantined,
                        "rechecked_s": round(took, 1) if took is not None else -1.0,
                        "recheck_bound_s": bound, "not_rechecked": len(missing),
-                       "lost": routes["lost"], "duplicated": acc["duplicated"],
+                       "lost": routes["lost"] + len(missing), "duplicated": acc["duplicated"],
                        "healthy_dead_lettered": routes["healthy_dead_lettered"],
                        "results_lost": acc["results_lost"], "results": acc["published"]}
         out.expect(took is not None and took <= bound + 2.0,
