@@ -9,6 +9,7 @@ Each function takes a :class:`magpie.lab.chaos.base.Ctx` and returns an
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from magpie.lab.chaos import measure as m
 from magpie.lab.chaos.base import Ctx, Outcome, interval_ms, stack, start_all, wait_until
 from magpie.lab.chaos.workers import _inflight, _recheck
 from magpie.lab.population import population_lines
+
+
+_REFUSED = re.compile(r"the schedule refused (\d+) writes")
 
 
 def _suspects(st, threshold: int = 1) -> int:
@@ -96,8 +100,11 @@ def redis_full(ctx: Ctx) -> Outcome:
     every route (the refused import's too, after its re-run) is checked again."""
     out = Outcome("redis-full", "redis-oom-noeviction")
     n, held_s, extra = (60, 6.0, 50) if ctx.quick else (300, 20.0, 200)
-    with stack(ctx, out.name, separate_broker=True) as st:  # only the schedule's Redis fills up
-        st.import_lines(population_lines(st.address("echo"), n))
+    env = {"MAGPIE_CHECK_TIMEOUT": "3", "MAGPIE_LEASE_SECONDS": "5", "MAGPIE_RENEW_BELOW_SECONDS": "2",
+           "MAGPIE_CHECK_INTERVAL": "3", "CHAOS_SLOW_DELAY": "1.0"}
+    # only the schedule's Redis fills up; slow routes, so that checks are in flight when it does
+    with stack(ctx, out.name, env=env, separate_broker=True) as st:
+        st.import_lines(population_lines(st.address("slow"), n))
         st.r.config_set("maxmemory-policy", "noeviction")
         start_all(st)
         hashes = set(m.route_kinds(st))
@@ -106,7 +113,10 @@ def redis_full(ctx: Ctx) -> Outcome:
         if _recheck(st, t_start, hashes, 60)[0] is None:
             raise RuntimeError(f"{out.name}: routes were not checked before the fault\n{st.log_tail()}")
         more = st.dir / "more.txt"
-        more.write_text("\n".join(population_lines(st.address("echo"), extra, start=10**5)) + "\n")
+        more.write_text("\n".join(population_lines(st.address("slow"), extra, start=10**5)) + "\n")
+        worker = st.running("checks")[0]
+        if wait_until(lambda: _inflight(worker, st.address("slow")) >= n // 3, 30, 0.05) is None:
+            raise RuntimeError(f"{out.name}: no checks in flight to fill Redis under\n{st.log_tail()}")
         st.r.config_set("maxmemory", 1)  # below what Redis uses: every write is refused from now on
         t_full = time.monotonic()
         imp = _cli(st, "import", str(more), "-w", "chaos", "--json")
@@ -120,7 +130,7 @@ def redis_full(ctx: Ctx) -> Outcome:
             nonlocal peak
             peak = max(peak, _suspects(st))
             return hashes <= m.checked_since(m.stream_results(st.r, prefix), freed)
-        took = wait_until(settled, 60, 0.25)
+        took = wait_until(settled, 90, 0.25)
         again = _cli(st, "import", str(more), "-w", "chaos", "--json")
         all_hashes = set(m.route_kinds(st))
         new_checked = _recheck(st, freed, all_hashes, 60)[0]
@@ -136,10 +146,12 @@ def redis_full(ctx: Ctx) -> Outcome:
         except ValueError:
             hrep = {}
         redis_detail = hrep.get("checks", {}).get("redis", {}).get("detail", "")
+        refused = sum(int(x) for p in st.procs if p.role == "checks"
+                      for x in _REFUSED.findall(p.log.read_text(errors="replace")))
         out.figures = {"routes": n, "full_s": held_s, "import_exit": imp.returncode,
                        "import_stored": rep.get("stored", -1), "import_scheduled": rep.get("scheduled", -1),
                        "health_ready_while_full": int(bool(hrep.get("ready", True))),
-                       "suspects_after": peak, "rechecked_s": round(took, 1) if took is not None else -1.0,
+                       "writes_refused": refused, "suspects_after": peak, "rechecked_s": round(took, 1) if took is not None else -1.0,
                        "reimport_exit": again.returncode,
                        "lost": routes["lost"] + (0 if new_checked is not None else 1),
                        "duplicated": acc["duplicated"], "results_lost": acc["results_lost"],
@@ -150,6 +162,7 @@ def redis_full(ctx: Ctx) -> Outcome:
                    f"{imp.stderr.strip()[:200]}")
         out.expect(hrep.get("ready") is False and "refuses writes" in redis_detail,
                    f"health while Redis refused writes: {health.stdout.strip()[:300]}")
+        out.expect(refused > 0, "no completion was refused while Redis was full (scenario did not happen)")
         out.expect(took is not None, "routes were not checked again after memory was freed")
         out.expect(again.returncode == 0, f"re-run import after memory was freed: exit {again.returncode}")
         out.expect(new_checked is not None, "the re-imported routes were never checked")
