@@ -35,11 +35,15 @@ def kill_loop(ctx: Ctx) -> Outcome:
     no result lost or duplicated, no healthy route dead-lettered; the harness restarts a killed worker
     as a supervisor would. A pool child is picked among those with checks in flight when there are."""
     out = Outcome("kill-loop", "celery#1628,kombu#337")
-    # full: 60 routes, 30 kills over 120 s, so that routes meet several crashes in a row
+    # full: 60 routes, half of them slow (0.5 s a check, so kills land mid-check), 30 kills over 120 s,
+    # so that routes meet several crashes in a row
     n, kills, gap = (40, 3, 2.0) if ctx.quick else (60, 30, 4.0) if ctx.full else (150, 30, 3.0)
     rng = random.Random(7)
-    with stack(ctx, out.name) as st:
-        st.import_lines(population_lines(st.address("echo"), n))
+    with stack(ctx, out.name, env={"CHAOS_SLOW_DELAY": "0.5"} if ctx.full else None) as st:
+        lines = population_lines(st.address("echo"), n)
+        if ctx.full:
+            lines = lines[: n // 2] + population_lines(st.address("slow"), n - n // 2, start=10**5)
+        st.import_lines(lines)
         start_all(st)
         time.sleep(3)
         child = whole = restarts = mid_check = 0
@@ -57,7 +61,7 @@ def kill_loop(ctx: Ctx) -> Outcome:
                 st.spawn("checks")
                 whole += 1
             else:
-                busy = [k for k in kids if _inflight_pid(k, st.address("echo")) > 0]
+                busy = [k for k in kids if _inflight_pid(k, st.address("echo")) + _inflight_pid(k, st.address("slow"))]
                 try:
                     os.kill(rng.choice(busy or kids), signal.SIGKILL)
                     child += 1
