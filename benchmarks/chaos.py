@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small populations and short outages")
-    ap.add_argument("--full", action="store_true", help="the long forms: the kill loop runs until routes meet "
-                                                        "several crashes (overrides --quick)")
+    ap.add_argument("--full", action="store_true",
+                    help="the long forms: the kill loop runs until routes meet several crashes (overrides --quick)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of " + ",".join(SCENARIOS))
     ap.add_argument("--log-dir", help="where process logs go (default: a new /tmp/magpie-chaos-* directory)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the logs of every scenario (failed ones are "

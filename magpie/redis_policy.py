@@ -106,7 +106,8 @@ def memory_state(client) -> str:
         mem = client.info("memory")
     except Exception:  # noqa: BLE001 - the state line is best effort
         return "memory state unknown"
-    return (f"used_memory {mem.get('used_memory_human', '?')} over maxmemory {mem.get('maxmemory_human', '?')} "
+    return (f"used_memory {mem.get('used_memory_human', '?')} "
+            f"over maxmemory {mem.get('maxmemory_human', '?')} "
             f"(policy {mem.get('maxmemory_policy', '?')})")
 
 

@@ -214,8 +214,10 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
             progress(min(off + CHUNK, total), total)
     if report.schedule_error is not None:
         raise ImportIncomplete(
-            f"stored {report.stored} routes in PostgreSQL, scheduled {report.scheduled}: {report.schedule_error}; "
-            "re-run the same import (it is idempotent) or `magpie queue rebuild` once the schedule takes writes",
+            f"stored {report.stored} routes in PostgreSQL, scheduled {report.scheduled}: "
+            f"{report.schedule_error}; "
+            "re-run the same import (it is idempotent) or `magpie queue rebuild` once the schedule takes "
+            "writes",
             report)
     if fresh:  # the schedule now holds everything PostgreSQL owns: nothing for the rebuild job to restore
         from magpie.maintenance.marker import mark_bootstrapped

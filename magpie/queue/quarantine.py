@@ -1,8 +1,8 @@
 """The deployment's one quarantine slot: at most one quarantined check runs anywhere at a time.
 
 A route in quarantine (:attr:`magpie.queue.Lease.alone`) has stalled ``max(MAGPIE_MAX_STALLED, 2)`` times
-in a row beside its neighbours; its next stall counts toward a dead letter only if it was its own. One check per process is not alone enough: a crash can take
-a whole worker (every pool process) down, so two quarantined checks in two processes of one worker would
+in a row beside its neighbours; its next stall counts toward a dead letter only if it was its own. One
+check per process is not alone enough: a crash can take a whole worker (every pool process) down, so two quarantined checks in two processes of one worker would
 blame each other. The check pool therefore takes this slot (``SET NX PX`` on ``<prefix>quarantine_slot``)
 before it starts a quarantined check and gives it back after; a holder that dies frees it when its TTL
 (the check's longest time) runs out. Quarantine is rare (routes whose process crashed under them that
@@ -60,6 +60,7 @@ def withdraw_starts(queue, leases, exc: BaseException) -> int:
         n = queue.unmark_started(list(leases))
     except Exception:  # noqa: BLE001 - the store is away altogether: the leases expire as they are
         n = 0
-    log.warning("the schedule refused %d writes (%s); their results are dropped and %d start marks withdrawn, "
-                "so the routes come back when their leases expire with no stall counted", len(leases), why, n)
+    log.warning("the schedule refused %d writes (%s); their results are dropped and %d start marks "
+                "withdrawn, so the routes come back when their leases expire with no stall counted",
+                len(leases), why, n)
     return n

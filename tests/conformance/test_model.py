@@ -69,7 +69,8 @@ class Model:
             if stalled and self.started.pop(m, None) == prev:
                 self.suspect[m] = self.suspect.get(m, 0) + 1
                 self.stalls[m] = self.stalls.get(m, 0) + 1
-                if self.stalls[m] > self.max_stalled and self.suspect[m] > max(self.max_stalled, 2):  # last: alone
+                # the last stall while checked alone
+                if self.stalls[m] > self.max_stalled and self.suspect[m] > max(self.max_stalled, 2):
                     del self.score[m]
                     self.dead[m] = self.now
                     continue

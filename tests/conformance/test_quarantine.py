@@ -156,3 +156,20 @@ def test_a_withdrawn_start_mark_counts_no_stall(make_queue, clock):
     assert q.unmark_started(got) == 0  # the old leases' marks are gone: the new holder's stay
     expire(q, clock, 3)
     assert all(q.inspect(m)["stalls"] >= 1 for m in members)
+
+
+def test_withdrawing_marks_of_gone_or_foreign_leases_changes_nothing(make_queue, clock):
+    """Leases of a removed route, or carrying a score that is no lease of the route, withdraw nothing
+    and raise nothing."""
+    import dataclasses
+
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    members, got = due_batch(q, clock, 2)
+    q.mark_started(got)
+    assert q.unmark_started([]) == 0
+    forged = [dataclasses.replace(le, lease_score="12345.50") for le in got]
+    assert q.unmark_started(forged) == 0
+    q.complete_one(got[0])
+    assert q.unmark_started(got[:1]) == 0  # completed: its mark is gone already
+    expire(q, clock, 2)
+    assert sorted(q.inspect(m)["stalls"] for m in members) == [0, 1]

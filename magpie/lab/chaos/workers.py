@@ -61,7 +61,8 @@ def kill_loop(ctx: Ctx) -> Outcome:
                 st.spawn("checks")
                 whole += 1
             else:
-                busy = [k for k in kids if _inflight_pid(k, st.address("echo")) + _inflight_pid(k, st.address("slow"))]
+                busy = [k for k in kids
+                        if _inflight_pid(k, st.address("echo")) + _inflight_pid(k, st.address("slow"))]
                 try:
                     os.kill(rng.choice(busy or kids), signal.SIGKILL)
                     child += 1
