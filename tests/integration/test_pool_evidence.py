@@ -51,8 +51,7 @@ def test_a_completion_redis_refused_counts_no_stall(private_q):
     finally:
         q.r.config_set("maxmemory", 0)
         pool.close()
-    time.sleep(0)  # leases expire on the Redis clock: poll for the re-claim
-    got = []
+    got = []  # the leases expire on the Redis clock: poll for the re-claim
     assert wait_for(lambda: got.extend(q.pop(5)) or len(got) == 5, 10)
     assert all(le.stalled and not le.alone for le in got)
     assert all(q.inspect(le.member)["stalls"] == 0 for le in got)  # refused writes are no crash
