@@ -18,13 +18,16 @@ Scenarios, each named after the public bug class it reproduces:
   broker-restart                 the broker's Redis restarted empty
   two-beats                      two beat processes (redbeat#230)
   catch-up-after-downtime        every route an hour overdue (django-celery-beat#459)
+  mass-crash                     the whole check worker killed twice with hundreds of routes in flight
+  redis-full                     the schedule's Redis at maxmemory (noeviction) during checks and an import
 
 Output: a header (``#`` lines), one ``chaos-scenario name=... <figures> seconds=S ok=0|1`` line per
 scenario, and the last line ``chaos scenarios=N lost=L duplicated=D healthy_dead_lettered=H
 results_lost=R double_leader_runs=B`` (sums over the scenarios). Exit status 1 when a guarantee broke.
 
     .venv/bin/python benchmarks/chaos.py --quick        # small sizes, outages of seconds (~6 min)
-    .venv/bin/python benchmarks/chaos.py                # full sizes, 60 s database outages (~20 min)
+    .venv/bin/python benchmarks/chaos.py                # full sizes, 60 s database outages (~25 min)
+    .venv/bin/python benchmarks/chaos.py --full --scenarios kill-loop   # 30 kills over 120 s, 60 routes
     .venv/bin/python benchmarks/chaos.py --scenarios kill-loop,two-beats --keep-logs
 """
 
@@ -52,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--quick", action="store_true", help="small populations and short outages")
+    ap.add_argument("--full", action="store_true",
+                    help="the long forms: the kill loop runs until routes meet several crashes (overrides --quick)")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated, of " + ",".join(SCENARIOS))
     ap.add_argument("--log-dir", help="where process logs go (default: a new /tmp/magpie-chaos-* directory)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the logs of every scenario (failed ones are "
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     print(f"# chaos {time.strftime('%Y-%m-%d %H:%M:%S')} host={platform.node()} python={platform.python_version()} "
-          f"mode={'quick' if args.quick else 'full'} logs={log_dir}", flush=True)
+          f"mode={'full' if args.full else 'quick' if args.quick else 'default'} logs={log_dir}", flush=True)
     try:
         pg = PrivatePostgres()
         pg.start()
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     try:
         for name in names:
-            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True)
+            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True, full=args.full)
             outcomes.append(out)
             print(out.line(), flush=True)
             for f in out.failures:

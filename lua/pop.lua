@@ -7,19 +7,20 @@
 --   of one call shares the lease score.
 -- Re-claiming an expired lease is a stall. It is evidence against the route only when the route had
 -- started checking under that lease (its #s mark, lib.lua): a lease that never started (prefetched,
--- queued behind others) counts nothing. Each started stall counts. The first one since the last
--- completion only makes the route a suspect (#q = 1): a crash of its process takes its neighbours down
--- with it, so it is re-run as usual. From the second on, the route is in quarantine (alone = 1:
--- dispatched alone, checked alone in its process), so further stalls are its own. More than max
--- stalls in a row, the last of them while checked alone, move it to the dead-letter set instead of
--- claiming it, with the evidence: a route that kills its process is dead-lettered within
--- max(max + 1, 3) claims.
+-- queued behind others) counts nothing. Each started stall counts. A crash of a process takes its
+-- neighbours down with it, and a whole-worker crash (OOM, a kill) takes hundreds, so the first
+-- max(max stalls, 2) - 1 stalls since the last completion only make the route a suspect (#q): it is
+-- re-run as usual. A route that stalled max(max stalls, 2) times in a row is in quarantine (alone = 1:
+-- dispatched alone, checked alone), so its next stall is its own. More than max stalls in a row, the
+-- last of them while checked alone, move it to the dead-letter set instead of claiming it, with the
+-- evidence: a route that kills its process is dead-lettered within max(max + 1, 3) claims.
 local now = clock(ARGV[1])
 local want = tonumber(ARGV[2])
 local lease_ms = tonumber(ARGV[3])
 local pprefix = ARGV[4]
 local max_inflight = tonumber(ARGV[5])
 local max_stalled = tonumber(ARGV[6])
+local alone_at = math.max(max_stalled, 2)  -- started stalls in a row that quarantine a route
 
 if redis.call('EXISTS', K_PAUSED) == 1 then return { tostring(now), 0, 1, 0, '' } end
 if max_inflight > 0 then
@@ -105,8 +106,8 @@ while got < want and #cursors > 0 do
       else
         q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
       end
-      if q > 1 then alone = 1 end
-      if stalls > max_stalled and q > 2 then  -- q > 2: the lease that stalled was checked alone
+      if q >= alone_at then alone = 1 end
+      if stalls > max_stalled and q > alone_at then  -- the lease that stalled was checked alone
         keep = false
         redis.call('ZADD', K_DEAD, now, member)
         redis.call('HSET', K_DEAD_INFO, member, cjson.encode({ reason = 'stalled', stalls = stalls, claims = q,

@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+import redis as redis_lib
+
 from magpie.backoff import Backoff
 from magpie.checker.check import LoopThread
 from magpie.checker.engine import CheckEngine
@@ -63,6 +65,7 @@ from magpie.errors import Refusal
 from magpie.queue import COMPLETED, REMOVED, Lease, Payload, PayloadError, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
 from magpie.queue.completion import Completion, StreamTarget
+from magpie.queue.quarantine import withdraw_starts
 from magpie.stats.entry import entry_fields
 
 log = logging.getLogger(__name__)
@@ -81,7 +84,8 @@ class BatchReport:
     (released unchecked, too late to start), ``stale_completions`` (completions refused as stale),
     ``published`` (stream entries written), ``dropped`` (results lost to the stream's bound; their routes
     were still completed), ``overran`` (checks stopped by the pool's last guard, recorded as ReadTimeout:
-    the event loop fell far behind its deadlines).
+    the event loop fell far behind its deadlines), ``refused`` (completions, retries and hand-backs the
+    schedule refused, e.g. Redis at ``maxmemory``: results dropped, start marks withdrawn, no stall).
     """
 
     completed: int = 0
@@ -94,6 +98,7 @@ class BatchReport:
     published: int = 0
     dropped: int = 0
     overran: int = 0
+    refused: int = 0
 
     def add(self, other: BatchReport) -> None:
         for name in self.__dataclass_fields__:
@@ -127,6 +132,13 @@ class StartTiming:
     admitted: float
     started: float
     due: float
+
+
+def _unmark_quietly(queue, lease: Lease) -> None:
+    try:
+        queue.unmark_started([lease])
+    except Exception:  # noqa: BLE001 - the mark then stays: a crash before completion counts, as before
+        log.debug("could not withdraw the start mark of %s", lease.member, exc_info=True)
 
 
 @dataclass
@@ -424,6 +436,7 @@ class CheckPool:
             self._running.pop(id(le), None)
             if le.alone:
                 self._alone_busy = False
+                self._io.submit(_unmark_quietly, self.queue, le)  # a crash from here on is not its check's
                 if slot_token:
                     self._side.submit(self._give_back_slot, slot_token)
             if not self._closing:
@@ -554,18 +567,35 @@ class CheckPool:
         for i in range(0, len(done), _COMPLETE_CHUNK):
             chunk = done[i: i + _COMPLETE_CHUNK]
             plan = self.owner_changes.plan(chunk) if self.owner_changes is not None else None
-            codes = self._complete_done(chunk, plan.desired if plan else None, report, entries)
+            try:
+                codes = self._complete_done(chunk, plan.desired if plan else None, report, entries)
+            except redis_lib.RedisError as exc:  # refused (e.g. maxmemory): no stall for these routes
+                withdraw_starts(self.queue, [le for le, _, _ in chunk], exc)
+                report.refused += len(chunk)
+                continue
             if plan is not None:
                 self.owner_changes.settle(chunk, plan, codes)
+        refused = []
         for le in retry:
             try:
                 self.queue.retry(le, self.backoff.delay(le.retry_attempts + 1))
                 report.retried += 1
-            except Exception:  # noqa: BLE001 - QueueError (lease lost) or Redis trouble
+            except redis_lib.RedisError as exc:
+                refused.append(le)
+                report.refused += 1
+                error = exc
+            except Exception:  # noqa: BLE001 - QueueError (lease lost) or other store trouble
                 report.lease_lost += 1
         if handback:
-            self.queue.release(handback)
-            report.handed_back += len(handback)
+            try:
+                self.queue.release(handback)
+                report.handed_back += len(handback)
+            except redis_lib.RedisError as exc:
+                refused.extend(handback)
+                report.refused += len(handback)
+                error = exc
+        if refused:
+            withdraw_starts(self.queue, refused, error)
         report.published = len(entries)
         if report.overran:
             log.warning("%d checks outlived their deadline by more than the guard's slack and were stopped "

@@ -2,7 +2,8 @@
 
 Probes, each bounded by ``MAGPIE_HEALTH_TIMEOUT`` seconds:
 
-* ``redis``: ``PING`` on ``MAGPIE_REDIS_URL``.
+* ``redis``: ``PING`` on ``MAGPIE_REDIS_URL`` and one short-lived write; not ready while Redis refuses
+  writes (``maxmemory`` reached under ``noeviction``), naming its memory state.
 * ``postgres``: ``SELECT 1`` on ``MAGPIE_DATABASE_URL``.
 * ``broker``: a kombu connection to ``MAGPIE_BROKER_URL`` (``ensure_connection``, one attempt).
 * ``schema``: the database's Alembic revision equals the newest one shipped with the code.
@@ -115,6 +116,24 @@ def instances_probe(r: redis_lib.Redis, prefix: str) -> str:
     return f"live instances: {who}; beat schedule bootstrapped ({entries} entries)"
 
 
+def redis_write_probe(r: redis_lib.Redis, prefix: str) -> str:
+    """Whether Redis takes writes: one short-lived ``SET <prefix>health:write``.
+
+    Returns ``"PING ok, writes ok"``. Raises ``RuntimeError`` naming the memory state when Redis refuses
+    the write (``maxmemory`` reached under ``noeviction``: claims, completions, imports and results are
+    all refused until memory is freed); other redis errors propagate."""
+    from magpie.redis_policy import is_write_refusal, refusal_line
+
+    try:
+        r.set(f"{prefix}health:write", "1", px=5000)
+    except redis_lib.RedisError as exc:
+        if not is_write_refusal(exc):
+            raise
+        raise RuntimeError(f"{refusal_line(r, exc)}; claims, completions and imports fail until memory is "
+                           "freed or maxmemory raised") from None
+    return "PING ok, writes ok"
+
+
 def _stats_check(r: redis_lib.Redis, prefix: str) -> dict:
     return _probe(lambda: stats_probe(r, prefix))
 
@@ -151,7 +170,7 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
 
         def redis_probe() -> str:
             r.ping()
-            return "PING ok"
+            return redis_write_probe(r, settings.redis_prefix)
 
         def pg_probe() -> str:
             with engine.connect() as conn:

@@ -263,4 +263,28 @@ class LeaderLock:
             self.close()
 
 
-__all__ = ["DRIFT", "LeaderLock", "STANDING_LOCKS", "generation_key", "lock_key", "locks_held"]
+def slot_key(prefix: str, lock: str, slot: int) -> str:
+    """Redis key recording that cadence slot ``slot`` of the lock ``lock`` ran."""
+    return f"{prefix}leader:{lock}:slot:{slot}"
+
+
+def claim_cadence_slot(client: redis.Redis, prefix: str, lock: str, cadence: float,
+                       generation: int | None) -> int | None:
+    """Record that the caller (holding leader lock ``lock``) runs the current cadence slot,
+    ``floor(redis time / cadence)`` (``SET NX`` of :func:`slot_key`, kept two cadences).
+
+    Args:
+        cadence: the job's period in seconds (> 0).
+        generation: the lock's fencing token, stored as the slot's value.
+    Returns:
+        The slot number claimed, or None when a pass already ran it (a second beat's trigger).
+    Raises ``redis.RedisError`` when Redis is unreachable.
+    """
+    sec, usec = client.time()
+    slot = int((int(sec) + int(usec) / 1e6) // cadence)
+    ttl = max(1, int(2 * cadence + 1))
+    return slot if client.set(slot_key(prefix, lock, slot), str(generation or 0), nx=True, ex=ttl) else None
+
+
+__all__ = ["DRIFT", "LeaderLock", "STANDING_LOCKS", "claim_cadence_slot", "generation_key", "lock_key",
+           "locks_held", "slot_key"]

@@ -89,3 +89,32 @@ def verify_redis_policy_at_start(settings=None, *, timeout_s: float = 5.0) -> st
         return None
     check_policy(policy)
     return policy
+
+
+def is_write_refusal(exc: BaseException) -> bool:
+    """True for Redis refusing a write at ``maxmemory`` (``OOM command not allowed ...``)."""
+    import redis
+
+    return isinstance(exc, redis.OutOfMemoryError) or (
+        isinstance(exc, redis.ResponseError) and "OOM" in str(exc).split(" ", 1)[0])
+
+
+def memory_state(client) -> str:
+    """One line naming Redis's memory state, e.g. ``used_memory 1.2M over maxmemory 1M (policy
+    noeviction)``; ``memory state unknown`` when ``INFO memory`` fails too."""
+    try:
+        mem = client.info("memory")
+    except Exception:  # noqa: BLE001 - the state line is best effort
+        return "memory state unknown"
+    return (f"used_memory {mem.get('used_memory_human', '?')} "
+            f"over maxmemory {mem.get('maxmemory_human', '?')} "
+            f"(policy {mem.get('maxmemory_policy', '?')})")
+
+
+def refusal_line(client, exc: BaseException) -> str:
+    """One line for a failed Redis write: ``Redis refuses writes: <memory state>`` when it was refused at
+    ``maxmemory``, else ``Redis error: <first line>``."""
+    if is_write_refusal(exc):
+        return f"Redis refuses writes: {memory_state(client)}"
+    first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    return f"Redis error: {first}"

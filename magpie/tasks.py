@@ -75,11 +75,12 @@ def maintenance_rebuild_schedule() -> dict:
 
 @app.task(name="magpie.alerts.evaluate", ignore_result=True)
 def alerts_evaluate() -> dict | None:
-    """Beat-triggered, once a minute: evaluate every enabled alert rule under the ``alerts`` leader lock.
-    Returns the report as a dict, or ``None`` when another instance leads."""
+    """Beat-triggered, once a minute: evaluate every enabled alert rule under the ``alerts`` leader lock,
+    once per evaluation slot however many beats trigger it. Returns the report as a dict, or ``None``
+    when another instance leads or the slot already ran."""
     from magpie.alerts.evaluate import run_evaluation
 
-    rep = run_evaluation(runtime.redis_client(), runtime.engine(), runtime.settings())
+    rep = run_evaluation(runtime.redis_client(), runtime.engine(), runtime.settings(), once_per_slot=True)
     return None if rep is None else rep.as_json()
 
 
@@ -105,5 +106,5 @@ def email_housekeeping() -> dict | None:
     ``outbox-housekeeping`` leader lock. ``{"returned", "failed"}`` counts, ``None`` when another leads."""
     from magpie.outbox.service import run_housekeeping
 
-    rep = run_housekeeping(runtime.redis_client(), runtime.engine(), runtime.settings())
+    rep = run_housekeeping(runtime.redis_client(), runtime.engine(), runtime.settings(), once_per_slot=True)
     return None if rep is None else {"returned": rep.returned, "failed": rep.failed}

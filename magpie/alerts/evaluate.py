@@ -323,18 +323,26 @@ def evaluate_all(engine: Engine, settings, *, now: datetime | None = None,
 
 
 def run_evaluation(redis_client, engine: Engine, settings, *, now: datetime | None = None,
-                   ttl_ms: int = 60_000) -> EvaluationReport | None:
+                   ttl_ms: int = 60_000, once_per_slot: bool = False) -> EvaluationReport | None:
     """:func:`evaluate_all` under the Redis leader lock ``<prefix>leader:alerts``.
 
-    Returns ``None`` when another instance leads (nothing evaluated). Losing the lock mid-pass stops the
-    pass between workspaces; a workspace already being applied is protected by the state generation
-    check, and every workspace transaction by the lock's fencing token (a newer leader's refuses ours).
+    ``once_per_slot`` (beat triggers): evaluate only if no pass ran the current slot of
+    ``MAGPIE_ALERT_EVAL_INTERVAL`` seconds yet (:func:`magpie.leader.claim_cadence_slot`), however many
+    beats trigger it. Returns ``None`` when another instance leads or the slot already ran (nothing
+    evaluated). Losing the lock mid-pass stops the pass between workspaces; a workspace already being
+    applied is protected by the state generation check, and every workspace transaction by the lock's
+    fencing token (a newer leader's refuses ours).
     """
-    from magpie.leader import LeaderLock
+    from magpie.leader import LeaderLock, claim_cadence_slot
 
     lock = LeaderLock(redis_client, settings.redis_prefix, "alerts", ttl_ms)
     with lock.hold() as lost:
         if lost is None:
+            return None
+        cadence = float(settings.alert_eval_interval)
+        if once_per_slot and cadence > 0 and claim_cadence_slot(
+                redis_client, settings.redis_prefix, "alerts", cadence, lock.generation) is None:
+            log.info("alerts: this evaluation slot already ran; trigger skipped")
             return None
         return evaluate_all(engine, settings, now=now, cancel=lost,
                             fence=(lock.fence_name, lock.generation))

@@ -39,7 +39,7 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, fmt: s
     import os
 
     from magpie.errors import MagpieError
-    from magpie.importer.service import import_file, require_schema
+    from magpie.importer.service import ImportIncomplete, import_file, require_schema
 
     if file == "-":
         source = click.open_file("-", "rb")  # binary standard input, left open
@@ -64,16 +64,23 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, fmt: s
         def progress_cb(done, total):
             prog.update(task, completed=done, total=total)
 
+    incomplete = None
     try:
         with user_errors(ValueError, OSError):  # an empty workspace name, an unreadable file
             report = import_file(source, workspace, state.settings, protocol=protocol, dry_run=dry_run,
                                  progress=progress_cb, queue=None if dry_run else state.queue,
                                  engine=None if dry_run else state.engine, fmt=fmt)
+    except ImportIncomplete as exc:  # stored but not (all) scheduled: say both, exit 3
+        if exc.report is None:
+            raise
+        incomplete, report = exc, exc.report
     finally:
         if prog:
             prog.stop()
     if as_json:
         echo_json(report.as_json())
+        if incomplete is not None:
+            sys.exit(3)
         return
     verb = "would import" if dry_run else "imported"
     click.echo(f"{verb} {report.imported if not dry_run else report.valid} routes into '{workspace}': "
@@ -82,11 +89,15 @@ def import_cmd(state: CliState, file: str, workspace: str, protocol: str, fmt: s
                + (f" (refused by the egress guard: {report.refused})" if report.refused else "")
                + (f" (kept out by a blacklist: {report.blacklisted})" if report.blacklisted else "")
                + (f" flagged={report.flagged}" if report.flagged else "")
-               + (f" enriched={report.enriched}" if report.enriched else ""))
+               + (f" enriched={report.enriched}" if report.enriched else "")
+               + (f" stored={report.stored} scheduled={report.scheduled}" if not dry_run else ""))
     for bad in report.invalid[:50]:
         click.echo(f"  line {bad['line']}: {bad['reason']}", err=True)
     if len(report.invalid) > 50:
         click.echo(f"  ... and {len(report.invalid) - 50} more (use --json for all)", err=True)
+    if incomplete is not None:
+        click.echo(f"Error: {incomplete}", err=True)
+        sys.exit(3)
 
 
 def _counts(s: dict) -> list[str]:

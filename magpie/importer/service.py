@@ -19,7 +19,13 @@ CHUNK = 5000
 
 
 class ImportIncomplete(MagpieError, RuntimeError):
-    """PostgreSQL took the routes but Redis did not schedule them all; re-running the import completes it."""
+    """PostgreSQL took the routes but the schedule did not take them all; re-running the import (or the
+    rebuild job) completes it. ``report`` is the :class:`ImportReport` of what was done (``stored``,
+    ``scheduled``, ``schedule_error``)."""
+
+    def __init__(self, message: str, report: ImportReport | None = None):
+        super().__init__(message)
+        self.report = report
 
 
 @dataclass
@@ -30,7 +36,10 @@ class ImportReport:
     lines and lines the egress guard refuses; ``refused``: how many of ``invalid`` the guard refused;
     ``blacklisted``: how many of ``invalid`` a blacklist kept out (workspace policy ``skip`` or ``remove``;
     not counted in ``valid``); ``flagged``: imported routes a blacklist lists (policy ``flag``);
-    ``enriched``: routes new to the workspace given country/ASN from the GeoIP files (when configured)."""
+    ``enriched``: routes new to the workspace given country/ASN from the GeoIP files (when configured);
+    ``stored``: routes of the file now stored for the workspace in PostgreSQL (new or already there);
+    ``scheduled``: of those, how many the schedule took; ``schedule_error``: one line naming why the rest
+    were not scheduled (e.g. ``Redis refuses writes: used_memory ... over maxmemory ...``), else None."""
 
     valid: int = 0
     imported: int = 0
@@ -41,6 +50,9 @@ class ImportReport:
     blacklisted: int = 0
     flagged: int = 0
     enriched: int = 0
+    stored: int = 0
+    scheduled: int = 0
+    schedule_error: str | None = None
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -140,8 +152,10 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     Raises ``ValueError`` for an unknown default protocol or format, an empty workspace name or one with
     control characters; ``OSError``
     when the file cannot be read; :class:`SchemaMissing` when the database is not migrated (checked
-    before anything is stored); :class:`ImportIncomplete` when Redis failed after PostgreSQL stored routes (Redis is
-    checked before anything is stored, so this needs Redis to fail mid-import). Malformed lines never raise: they are reported in ``invalid``,
+    before anything is stored); :class:`ImportIncomplete` (carrying the report) when the schedule refused
+    routes PostgreSQL stored (e.g. Redis at ``maxmemory``): every chunk is still stored, none after the
+    refusal is scheduled, and the rebuild job or a re-run schedules them. Malformed lines never raise: they
+    are reported in ``invalid``,
     and so are routes the egress guard refuses (:func:`egress_refusal`), on a dry run too.
     """
     if not workspace or not workspace.strip():
@@ -191,21 +205,39 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         report.duplicates += len(store.already_members)
         report.flagged += flag_imported(engine, [row.route_id for row in store.routes])
         report.enriched += enrich_imported(engine, settings, [row.route_id for row in store.new_members])
-        items = [schedule_item(row, cipher) for row in store.routes]
-        try:
-            queue.schedule(items, total=total, start_index=off)
-        except Exception as exc:
-            raise ImportIncomplete(
-                f"{off + len(chunk)} of {total} routes are stored in PostgreSQL but not all are scheduled in Redis "
-                f"({exc.__class__.__name__}: {exc}); re-run the same import (it is idempotent) or "
-                "`magpie queue rebuild` once Redis is back") from exc
+        report.stored += len(store.routes)
+        if report.schedule_error is None:  # once the schedule refused, the rest is only stored
+            items = [schedule_item(row, cipher) for row in store.routes]
+            try:
+                queue.schedule(items, total=total, start_index=off)
+                report.scheduled += len(items)
+            except Exception as exc:  # noqa: BLE001 - reported with the counts below
+                report.schedule_error = _schedule_refusal(queue, exc)
         if progress:
             progress(min(off + CHUNK, total), total)
+    if report.schedule_error is not None:
+        raise ImportIncomplete(
+            f"stored {report.stored} routes in PostgreSQL, scheduled {report.scheduled}: "
+            f"{report.schedule_error}; "
+            "re-run the same import (it is idempotent) or `magpie queue rebuild` once the schedule takes "
+            "writes",
+            report)
     if fresh:  # the schedule now holds everything PostgreSQL owns: nothing for the rebuild job to restore
         from magpie.maintenance.marker import mark_bootstrapped
 
         mark_bootstrapped(queue)
     return report
+
+
+def _schedule_refusal(queue, exc: BaseException) -> str:
+    """One line for a failed schedule write, naming Redis's memory state when Redis refused it."""
+    client = getattr(queue, "r", None)
+    if client is not None:
+        from magpie.redis_policy import refusal_line
+
+        return refusal_line(client, exc)
+    first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+    return f"schedule error: {exc.__class__.__name__}: {first}"
 
 
 def _fresh_deployment(engine, queue) -> bool:

@@ -80,17 +80,19 @@ def cadence_of(settings, job: Job) -> float:
 
 def slot_key(prefix: str, lock: str, slot: int) -> str:
     """Redis key recording that cadence slot ``slot`` of the lock ``lock`` ran."""
-    return f"{prefix}leader:{lock}:slot:{slot}"
+    from magpie.leader import slot_key as key
+
+    return key(prefix, lock, slot)
 
 
 def claim_slot(redis: redis_lib.Redis, prefix: str, job: Job, cadence: float,
                generation: int | None) -> bool:
     """Record that this pass runs ``job``'s current cadence slot (``SET NX``, Redis clock); False when a
-    pass already ran it. Raises ``redis.RedisError`` when Redis is unreachable."""
-    sec, usec = redis.time()
-    slot = int((int(sec) + int(usec) / 1e6) // cadence)
-    ttl = max(1, int(2 * cadence + 1))
-    return bool(redis.set(slot_key(prefix, job.lock, slot), str(generation or 0), nx=True, ex=ttl))
+    pass already ran it (:func:`magpie.leader.claim_cadence_slot`). Raises ``redis.RedisError`` when
+    Redis is unreachable."""
+    from magpie.leader import claim_cadence_slot
+
+    return claim_cadence_slot(redis, prefix, job.lock, cadence, generation) is not None
 
 
 def run_job(

@@ -195,15 +195,22 @@ def housekeeping(engine: Engine, settings, *, now: datetime | None = None, batch
 
 
 def run_housekeeping(redis_client, engine: Engine, settings, *, now: datetime | None = None,
-                     ttl_ms: int = 60_000) -> HousekeepingReport | None:
+                     ttl_ms: int = 60_000, once_per_slot: bool = False) -> HousekeepingReport | None:
     """:func:`housekeeping` under the Redis leader lock ``<prefix>leader:outbox-housekeeping``.
 
-    Returns ``None`` when another instance holds the lock (nothing done).
+    ``once_per_slot`` (beat triggers): run only if no pass ran the current slot of
+    ``MAGPIE_OUTBOX_HOUSEKEEPING_INTERVAL`` seconds yet (:func:`magpie.leader.claim_cadence_slot`).
+    Returns ``None`` when another instance holds the lock or the slot already ran (nothing done).
     """
-    from magpie.leader import LeaderLock
+    from magpie.leader import LeaderLock, claim_cadence_slot
 
-    with LeaderLock(redis_client, settings.redis_prefix, "outbox-housekeeping", ttl_ms).hold() as lost:
+    lock = LeaderLock(redis_client, settings.redis_prefix, "outbox-housekeeping", ttl_ms)
+    with lock.hold() as lost:
         if lost is None:
+            return None
+        cadence = float(settings.outbox_housekeeping_interval)
+        if once_per_slot and cadence > 0 and claim_cadence_slot(
+                redis_client, settings.redis_prefix, "outbox-housekeeping", cadence, lock.generation) is None:
             return None
         return housekeeping(engine, settings, now=now, cancel=lost)
 

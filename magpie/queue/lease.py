@@ -20,9 +20,9 @@ class Lease:
         stalled: True when this claim re-took an expired lease (the previous holder vanished).
         retry_attempts: backoff retries already made for this route (0 for an ordinary cycle).
         server_offset_ms: Redis server clock minus this process's clock at claim time (ms).
-        alone: True when the route is in quarantine (it stalled twice since its last completion): it is
-            dispatched in a message of its own and checked alone in its process, so that a stall of
-            this lease is its own (the dead-letter rule in ``docs/design.md``).
+        alone: True when the route is in quarantine (it stalled ``max(MAGPIE_MAX_STALLED, 2)`` times since
+            its last completion): it is dispatched in a message of its own and checked alone, so that a
+            stall of this lease is its own (the dead-letter rule in ``docs/design.md``).
         claimed_ms: when the claim returned (Unix ms, the claiming process's clock); 0 when unknown.
         dispatched_ms: when its check message was sent (Unix ms, the dispatching process's clock); 0 when
             unknown. With the pool's own stamps (received, admitted, started) these give the lease's

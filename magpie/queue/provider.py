@@ -20,9 +20,11 @@ Invariants every provider keeps (``docs/design.md``, "The route schedule"):
 7. **Due order**: claims come in due-time order (ties: shard, then route hash).
 
 Stalls and quarantine: the check pool marks a lease as *started* (:meth:`mark_started`). A claim of an
-expired lease that never started counts nothing; every started stall counts. The first started stall
-since the last completion makes the route a suspect (re-run as usual: the crash may be a neighbour's);
-from the second on the route is in quarantine (its leases carry ``alone=True``). More than
+expired lease that never started counts nothing; every started stall counts. The first
+``max(max_stalled, 2) - 1`` started stalls since the last completion make the route a suspect (re-run as
+usual: the crash may be a neighbour's, or a whole worker's); then the route is in quarantine (its leases
+carry ``alone=True``). A check that ended without a completion the store took withdraws its mark
+(:meth:`unmark_started`). More than
 ``max_stalled`` counted stalls, the last of them while checked alone, dead-letter it with the evidence
 ``{reason: "stalled", stalls, claims, alone: true}``: a route that kills its process is dead-lettered
 within ``max(max_stalled + 1, 3)`` claims. A completion clears all of it; a release clears the start mark only.
@@ -61,6 +63,10 @@ class ScheduleProvider(Protocol):
         while paused. Expired leases met on the way are re-claimed (``stalled=True``) or dead-lettered."""
     def mark_started(self, leases: Sequence[Lease]) -> None:
         """Record that ``leases`` started checking (stall evidence if they expire)."""
+    def unmark_started(self, leases: Sequence[Lease]) -> int:
+        """Withdraw the start mark of each lease that still carries its own (its check ended without a
+        completion the schedule took, e.g. a write the store refused): its expiry then counts no stall.
+        Returns the marks withdrawn."""
     def renew(self, lease: Lease, lease_ms: int | None = None) -> Lease:
         """Extend (heartbeat) one lease; returns it with a new ``lease_score``. Raises ``LeaseLost``/gone."""
     def renew_many(self, leases: Sequence[Lease], lease_ms: int | None = None) -> list[int]:

@@ -28,6 +28,16 @@ from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueErr
 from magpie.queue.scripts import Scripts
 
 
+_UNMARK = """#!lua flags=allow-oom
+local n = 0
+for i = 1, #ARGV, 2 do
+  local mark = redis.call('HGET', KEYS[1], ARGV[i])
+  if mark and tonumber(mark) == tonumber(ARGV[i + 1]) then n = n + redis.call('HDEL', KEYS[1], ARGV[i]) end
+end
+return n
+"""
+
+
 class RouteQueue:
     """The recurring route schedule of one deployment.
 
@@ -53,6 +63,7 @@ class RouteQueue:
         self.log_limit = int(log_limit)
         self.clock = clock
         self.scripts = Scripts(client)
+        self._unmark = client.register_script(_UNMARK)  # deletes only: runs on a full Redis (allow-oom)
         self._core = keys.core()
         self.last_pop = {"paused": False, "dead_lettered": 0, "allowed": 0}
 
@@ -114,8 +125,11 @@ class RouteQueue:
         never be claimed). Obliterating the schedule clears the record.
         """
         want = str(self.keys.shards)
-        self.r.set(self.keys.layout, want, nx=True)
-        have = _s(self.r.get(self.keys.layout) or want)
+        have = self.r.get(self.keys.layout)
+        if have is None:  # a read first: a full Redis (maxmemory) still serves a known layout
+            self.r.set(self.keys.layout, want, nx=True)
+            have = self.r.get(self.keys.layout)
+        have = _s(have or want)
         if have != want:
             raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
                 f"schedule has {have} shards, PROXY_QUEUE_SHARDS={want}; "
@@ -159,6 +173,20 @@ class RouteQueue:
         """
         if leases:
             self.r.hset(self.keys.stalls, mapping={f"{le.member}#s": le.lease_score for le in leases})
+
+    def unmark_started(self, leases: Sequence[Lease]) -> int:
+        """Withdraw the ``<member>#s`` mark of each lease whose mark is still its own lease score.
+
+        For a check that ended without a completion Redis took (Redis refused the write, e.g. at
+        ``maxmemory``): its expiry must count no stall. The script only deletes (flag ``allow-oom``), so a
+        full Redis still runs it. Returns the marks withdrawn; raises redis errors only.
+        """
+        if not leases:
+            return 0
+        args = []
+        for le in leases:
+            args += [f"{le.member}#s", le.lease_score]
+        return int(self._unmark(keys=[self.keys.stalls], args=args))
 
     def _fenced(self, lease: Lease, res):
         if is_refusal(res):

@@ -19,8 +19,8 @@ from magpie.lab.chaos import QUICK_DEFAULT, SCENARIOS, TOTALS, run_scenario
 pytestmark = pytest.mark.e2e
 
 
-def _run(name, pg, quick, tmp_path):
-    out = run_scenario(name, pg, quick=quick, log_dir=tmp_path, keep_logs=True)
+def _run(name, pg, quick, tmp_path, full=False):
+    out = run_scenario(name, pg, quick=quick, log_dir=tmp_path, keep_logs=True, full=full)
     print(out.line())
     assert not out.failures, f"{out.line()}\n" + "\n".join(out.failures) + f"\nlogs in {tmp_path}"
     assert any(k in out.figures for k in TOTALS), out.line()
@@ -46,3 +46,10 @@ def test_full_scenario(name, private_pg, tmp_path):
 @pytest.mark.parametrize("name", [n for n in SCENARIOS if n not in QUICK_DEFAULT])
 def test_short_scenario_outside_the_default_run(name, private_pg, tmp_path):
     _run(name, private_pg, True, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_kill_loop_long_enough_for_routes_to_meet_several_crashes(private_pg, tmp_path):
+    out = _run("kill-loop", private_pg, False, tmp_path, full=True)
+    assert out.figures["child_kills"] + out.figures["worker_kills"] == 30

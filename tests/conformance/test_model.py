@@ -72,13 +72,14 @@ class Model:
             if stalled and self.started.pop(m, None) == prev:
                 self.suspect[m] = self.suspect.get(m, 0) + 1
                 self.stalls[m] = self.stalls.get(m, 0) + 1
-                if self.stalls[m] > self.max_stalled and self.suspect[m] > 2:  # last stall: alone
+                # the last stall while checked alone
+                if self.stalls[m] > self.max_stalled and self.suspect[m] > max(self.max_stalled, 2):
                     del self.score[m]
                     self.dead[m] = self.now
                     continue
             attempts = self.retries.get(m, 0) if prev % 1 == 0.25 else 0
             self.score[m] = self.now + self.lease + 0.5
-            got.append((m, prev, stalled, attempts, self.suspect.get(m, 0) > 1))
+            got.append((m, prev, stalled, attempts, self.suspect.get(m, 0) >= max(self.max_stalled, 2)))
         return got
 
     def clear_stalls(self, m):

@@ -1,9 +1,10 @@
 """The dead-letter rule: a route is dead-lettered only for stalls its own check caused.
 
 A lease that never started checking counts nothing when it expires. Every started stall counts; the
-first since the last completion only makes the route a suspect (its process may have died for a
-neighbour, so it is re-run as usual); from the second it is in quarantine (``alone``: dispatched and
-checked alone). More than ``max_stalled`` stalls in a row, one at least in quarantine, dead-letter it.
+first ``max(max_stalled, 2) - 1`` since the last completion only make the route a suspect (its process
+may have died for a neighbour, or a whole worker with hundreds of routes, so it is re-run as usual); then
+it is in quarantine (``alone``: dispatched and checked alone). More than ``max_stalled`` stalls in a
+row, the last in quarantine, dead-letter it.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def test_a_suspect_neighbour_that_completes_alone_leaves_quarantine(make_queue, 
 
 
 def test_release_forgets_the_start_but_keeps_the_suspicion(make_queue, clock):
-    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
     [h], got = due_batch(q, clock, 1)
     q.mark_started(got)
     [le] = expire(q, clock, 1)  # suspect now
@@ -96,7 +97,7 @@ def test_release_forgets_the_start_but_keeps_the_suspicion(make_queue, clock):
 
 
 def test_a_renewal_moves_the_start_mark_to_the_new_lease(make_queue, clock):
-    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
     [h], [le] = due_batch(q, clock, 1)
     q.mark_started([le])
     clock.advance(500)
@@ -105,3 +106,70 @@ def test_a_renewal_moves_the_start_mark_to_the_new_lease(make_queue, clock):
     q.mark_started([le2])
     [le3] = expire(q, clock, 1)
     assert le3.alone and q.inspect(h)["stalls"] == 2
+
+
+def test_two_whole_worker_crashes_quarantine_nobody(make_queue, clock):
+    """A whole worker killed twice with its routes in flight: every route is a suspect, none in
+    quarantine (they re-run as usual, in batches, not one at a time), and one completion clears each."""
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    members, got = due_batch(q, clock, 40)
+    for _ in range(2):
+        q.mark_started(got)
+        got = expire(q, clock, 40)
+        assert sorted(le.member for le in got) == members
+        assert not any(le.alone for le in got)
+    assert all(q.inspect(m)["stalls"] == 2 for m in members)
+    q.mark_started(got)
+    for le in got:
+        q.complete_one(le)
+    assert q.dead_letters() == [] and all(q.inspect(m)["stalls"] == 0 for m in members)
+
+
+def test_a_crash_beside_neighbours_never_dead_letters_before_a_crash_alone(make_queue, clock):
+    """max_stalled = 2: two crashes beside neighbours and one more as a suspect are not enough; only a
+    crash during the check in quarantine dead-letters, within max_stalled + 1 claims."""
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
+    [h], [le] = due_batch(q, clock, 1)
+    q.mark_started([le])
+    [le] = expire(q, clock, 1)
+    assert not le.alone
+    q.mark_started([le])
+    [le] = expire(q, clock, 1)
+    assert le.alone and q.dead_letters() == []  # quarantined at the 2nd stall, not dead-lettered
+    q.mark_started([le])
+    assert expire(q, clock, 1) == [] and q.last_pop["dead_lettered"] == 1
+    [dead] = q.dead_letters()
+    assert dead["member"] == h and dead["claims"] == 3 and dead["alone"] is True
+
+
+def test_a_withdrawn_start_mark_counts_no_stall(make_queue, clock):
+    """A check whose completion the store refused withdraws its start mark: its expiry is no evidence;
+    a mark of a later lease is not withdrawn by an older holder."""
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=1)
+    members, got = due_batch(q, clock, 3)
+    q.mark_started(got)
+    by = {le.member: le for le in got}
+    assert q.unmark_started([by[members[0]], by[members[1]]]) == 2
+    again = expire(q, clock, 3)
+    assert [q.inspect(m)["stalls"] for m in members] == [0, 0, 1]
+    q.mark_started(again)
+    assert q.unmark_started(got) == 0  # the old leases' marks are gone: the new holder's stay
+    expire(q, clock, 3)
+    assert all(q.inspect(m)["stalls"] >= 1 for m in members)
+
+
+def test_withdrawing_marks_of_gone_or_foreign_leases_changes_nothing(make_queue, clock):
+    """Leases of a removed route, or carrying a score that is no lease of the route, withdraw nothing
+    and raise nothing."""
+    import dataclasses
+
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    members, got = due_batch(q, clock, 2)
+    q.mark_started(got)
+    assert q.unmark_started([]) == 0
+    forged = [dataclasses.replace(le, lease_score="12345.50") for le in got]
+    assert q.unmark_started(forged) == 0
+    q.complete_one(got[0])
+    assert q.unmark_started(got[:1]) == 0  # completed: its mark is gone already
+    expire(q, clock, 2)
+    assert sorted(q.inspect(m)["stalls"] for m in members) == [0, 1]

@@ -102,7 +102,7 @@ def test_import_refuses_private_routes_per_line_and_imports_the_rest(cli, db, tm
     f.write_text(GUARDED)
     dry = json.loads(cli("import", str(f), "-w", "alpha", "--dry-run", "--json").stdout)
     out = json.loads(cli("import", str(f), "-w", "alpha", "--json").stdout)
-    assert {**dry, "imported": 3} == out  # a dry run reports the same lines
+    assert {**dry, "imported": 3, "stored": 3, "scheduled": 3} == out  # a dry run reports the same lines
     assert (out["valid"], out["imported"], out["refused"], out["duplicates"]) == (3, 3, 5, 0)
     reasons = {x["line"]: x["reason"] for x in out["invalid"]}
     assert sorted(reasons) == [1, 3, 4, 5, 7, 9, 10]

@@ -531,7 +531,7 @@ def test_quarantined_leases_are_checked_one_at_a_time_beside_the_others(q):
 def test_promote_sends_each_quarantined_lease_in_a_message_of_its_own(q):
     items = seed(q, [10] * 6)
     for h, _ in items[:2]:
-        q.r.hset(q.keys.stalls, f"{h}#q", 2)  # two started stalls since the last completion
+        q.r.hset(q.keys.stalls, f"{h}#q", 3)  # max_stalled (3) started stalls since the last completion
     messages = []
     assert promote(q, messages.append, budget=100, max_inflight=100, routes_per_task=10) == 6
     alone = [m for m in messages if any(d["alone"] for d in m)]

@@ -98,7 +98,7 @@ def test_stdin_reads_the_same_as_the_file(cli, db, tmp_path):
     path.write_bytes(MIXED.encode())
     from_file = json.loads(cli("import", str(path), "-w", "alpha", "--dry-run", "--json").stdout)
     from_stdin = json.loads(cli("import", "-", "-w", "alpha", "--json", input=MIXED.encode()).stdout)
-    assert {**from_file, "imported": 14} == from_stdin
+    assert {**from_file, "imported": 14, "stored": 14, "scheduled": 14} == from_stdin
     text = cli("import", "-", "-w", "alpha", input=MIXED.encode())
     assert "valid=14 duplicates=16 skipped=5 invalid=7" in text.stdout
     assert "line 9: fields after host:port look like country:anonymity codes" in text.stderr

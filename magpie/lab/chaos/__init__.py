@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from magpie.lab.chaos import stores, workers
+from magpie.lab.chaos import crashes, stores, workers
 from magpie.lab.chaos.base import TOTALS, Ctx, Outcome
 
 SCENARIOS: dict[str, Callable[[Ctx], Outcome]] = {
@@ -31,6 +31,8 @@ SCENARIOS: dict[str, Callable[[Ctx], Outcome]] = {
     "broker-restart": stores.broker_restart,
     "two-beats": stores.two_beats,
     "catch-up-after-downtime": stores.catch_up,
+    "mass-crash": crashes.mass_crash,
+    "redis-full": crashes.redis_full,
 }
 """Scenario name -> function, in the order the benchmark runs them."""
 
@@ -39,13 +41,14 @@ QUICK_DEFAULT = ("kill-loop", "two-beats", "catch-up-after-downtime")
 
 
 def run_scenario(name: str, pg, quick: bool = True, log_dir: Path | None = None,
-                 keep_logs: bool = False) -> Outcome:
-    """Run scenario ``name`` on the private PostgreSQL server ``pg``; a scenario that raises is returned
-    as an Outcome with the error as its failure. Raises KeyError for an unknown name."""
+                 keep_logs: bool = False, full: bool = False) -> Outcome:
+    """Run scenario ``name`` on the private PostgreSQL server ``pg`` (``full``: the long forms, see
+    :class:`Ctx`); a scenario that raises is returned as an Outcome with the error as its failure.
+    Raises KeyError for an unknown name."""
     fn = SCENARIOS[name]
     t0 = time.monotonic()
     try:
-        out = fn(Ctx(pg, quick, log_dir, keep_logs))
+        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full))
     except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
         out = Outcome(name, "?", failures=[f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"])
     out.seconds = time.monotonic() - t0

@@ -51,12 +51,14 @@ class Outcome:
 @dataclass
 class Ctx:
     """What a scenario gets: the private PostgreSQL server, ``quick`` (small sizes), a log directory
-    (None: temporary, removed), ``keep_logs``."""
+    (None: temporary, removed), ``keep_logs``, ``full`` (the long forms: the kill loop runs until routes
+    meet several crashes)."""
 
     pg: PrivatePostgres
     quick: bool = True
     log_dir: Path | None = None
     keep_logs: bool = False
+    full: bool = False
 
 
 @contextmanager
@@ -136,6 +138,27 @@ def job_passes(st: Stack, job: str) -> list[tuple[int, int, str]]:
                 got[mt.group(3)] = at
             elif mt.group(5) == job and mt.group(3) in got:
                 out.append((got[mt.group(3)], at, mt.group(6)))
+    return sorted(out)
+
+
+_EVAL = re.compile(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d+): \w+/[\w-]+\] Task magpie\.alerts\.evaluate"
+                   r"\[([^\]]+)\] (received|succeeded in [\d.e-]+s: (None|\{))")
+
+
+def evaluation_passes(st: Stack) -> list[tuple[int, int, str]]:
+    """``(received ms, finished ms, status)`` of every alert evaluation pass (``ok``, or ``skipped`` when
+    another leader held the lock or the slot had run), oldest first, from the jobs workers' logs."""
+    got: dict[str, int] = {}
+    out = []
+    for p in st.procs:
+        if p.role != "jobs":
+            continue
+        for mt in _EVAL.finditer(p.log.read_text(errors="replace")):
+            at = _ms(mt.group(1), mt.group(2))
+            if mt.group(4) == "received":
+                got[mt.group(3)] = at
+            elif mt.group(3) in got:
+                out.append((got[mt.group(3)], at, "skipped" if mt.group(5) == "None" else "ok"))
     return sorted(out)
 
 

@@ -42,10 +42,16 @@ class PoisonServer:
         self._thread = threading.Thread(target=self._serve, name="chaos-poison", daemon=True)
         self._thread.start()
 
-    def _owner(self, peer: tuple[str, int]) -> int | None:
-        for c in psutil.net_connections(kind="tcp4"):
-            if c.laddr and (c.laddr.ip, c.laddr.port) == peer and c.pid:
-                return c.pid
+    def _owner(self, peer: tuple[str, int], pids: set[int]) -> int | None:
+        """The process among ``pids`` holding the client end ``peer`` (only those are scanned: a scan of
+        every process on a loaded machine can outlast the client's connect timeout)."""
+        for pid in pids:
+            try:
+                conns = psutil.Process(pid).net_connections(kind="tcp4")
+            except psutil.Error:
+                continue
+            if any(c.laddr and (c.laddr.ip, c.laddr.port) == peer for c in conns):
+                return pid
         return None
 
     def _serve(self) -> None:
@@ -59,8 +65,8 @@ class PoisonServer:
                 return
             self.claims += 1
             try:
-                pid = self._owner(peer)
-                if pid is not None and pid in self.allowed():
+                pid = self._owner(peer, self.allowed())
+                if pid is not None:
                     os.kill(pid, signal.SIGKILL)
                     self.kills += 1
             except (ProcessLookupError, psutil.Error):

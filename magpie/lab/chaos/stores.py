@@ -17,6 +17,7 @@ from magpie.lab.chaos.base import (
     Ctx,
     Outcome,
     claims_per_second,
+    evaluation_passes,
     interval_ms,
     job_passes,
     promote_passes,
@@ -161,8 +162,9 @@ def two_beats(ctx: Ctx) -> Outcome:
     holds per second across both beats' passes."""
     out = Outcome("two-beats", "redbeat#230")
     n, window, cadence, budget = (120, 12.0, 2.0, 20) if ctx.quick else (400, 60.0, 5.0, 20)
-    env = {"MAGPIE_PROMOTE_BUDGET": str(budget), "MAGPIE_CHECK_INTERVAL": "120", "MAGPIE_LEASE_SECONDS": "10"}
-    with stack(ctx, out.name, env=env, cadences={"rebuild": cadence}) as st:
+    env = {"MAGPIE_PROMOTE_BUDGET": str(budget), "MAGPIE_CHECK_INTERVAL": "120", "MAGPIE_LEASE_SECONDS": "10",
+           "MAGPIE_ALERT_EVAL_INTERVAL": f"{cadence:g}"}
+    with stack(ctx, out.name, env=env, cadences={"rebuild": cadence, "judge_refresh": cadence}) as st:
         st.import_lines(population_lines(st.address("echo"), n))
         _overdue(st)
         st.spawn("jobs")
@@ -182,12 +184,21 @@ def two_beats(ctx: Ctx) -> Outcome:
         per_s = claims_per_second(promote_passes(st))
         passes = job_passes(st, "rebuild")
         doubles = max(runs - slots, same_slot_runs(passes, cadence), 0)
+        judge = job_passes(st, "judge_refresh")
+        evals = evaluation_passes(st)
+        ran = {name: sum(1 for p in ps if p[2] != "skipped") for name, ps in (("judge", judge), ("eval", evals))}
+        for ps, n_ran in ((judge, ran["judge"]), (evals, ran["eval"])):
+            doubles += max(n_ran - slots, same_slot_runs(ps, cadence), 0)
         out.figures = {"beats": 2, "cadence_s": cadence, "window_s": window, "leader_runs": runs,
                        "cadence_slots": slots, "triggers": len(passes),
                        "passes_skipped": sum(1 for p in passes if p[2] == "skipped"),
+                       "judge_refresh_runs": ran["judge"], "alert_evaluations": ran["eval"],
                        "double_leader_runs": doubles,
                        "promote_budget": budget, "max_claims_per_s": max(per_s.values(), default=0)}
-        out.expect(runs >= 1, "the leader job never ran")
+        # the alerts lock (60 s TTL) refuses every holder for 21 s after a Redis start: the quick window
+        # is shorter, so only the full one must see an evaluation
+        out.expect(runs >= 1 and ran["judge"] >= 1 and (ctx.quick or ran["eval"] >= 1),
+                   f"a leader job never ran (rebuild {runs}, judge_refresh {ran['judge']}, alerts {ran['eval']})")
         out.expect(out.figures["max_claims_per_s"] <= budget, f"promote claimed {out.figures['max_claims_per_s']} "
                                                               f"in one second (budget {budget})")
         out.expect_zero("double_leader_runs")

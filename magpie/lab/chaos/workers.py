@@ -33,15 +33,21 @@ def _recheck(st, since_ms: int, hashes: set[str], timeout: float) -> tuple[float
 def kill_loop(ctx: Ctx) -> Outcome:
     """SIGKILL pool children and whole check workers in a loop (celery#1628, kombu#337): no route lost,
     no result lost or duplicated, no healthy route dead-lettered; the harness restarts a killed worker
-    as a supervisor would."""
+    as a supervisor would. A pool child is picked among those with checks in flight when there are."""
     out = Outcome("kill-loop", "celery#1628,kombu#337")
-    n, kills, gap = (40, 3, 2.0) if ctx.quick else (150, 30, 3.0)
+    # full: 60 routes, half of them slow (0.5 s a check, so kills land mid-check), 30 kills over 120 s,
+    # so that routes meet several crashes in a row
+    n, kills, gap = (40, 3, 2.0) if ctx.quick else (60, 30, 4.0) if ctx.full else (150, 30, 3.0)
     rng = random.Random(7)
-    with stack(ctx, out.name) as st:
-        st.import_lines(population_lines(st.address("echo"), n))
+    with stack(ctx, out.name, env={"CHAOS_SLOW_DELAY": "0.5"} if ctx.full else None) as st:
+        lines = population_lines(st.address("echo"), n)
+        if ctx.full:
+            lines = lines[: n // 2] + population_lines(st.address("slow"), n - n // 2, start=10**5)
+        st.import_lines(lines)
         start_all(st)
         time.sleep(3)
-        child = whole = restarts = 0
+        child = whole = restarts = mid_check = 0
+        t_loop = time.monotonic()
         for i in range(kills):
             if not st.running("checks"):  # killed while starting: Celery exits entirely; the supervisor restarts
                 st.spawn("checks")
@@ -55,12 +61,16 @@ def kill_loop(ctx: Ctx) -> Outcome:
                 st.spawn("checks")
                 whole += 1
             else:
+                busy = [k for k in kids
+                        if _inflight_pid(k, st.address("echo")) + _inflight_pid(k, st.address("slow"))]
                 try:
-                    os.kill(rng.choice(kids), signal.SIGKILL)
+                    os.kill(rng.choice(busy or kids), signal.SIGKILL)
                     child += 1
+                    mid_check += bool(busy)
                 except ProcessLookupError:
                     pass
             time.sleep(gap)
+        loop_s = time.monotonic() - t_loop
         last = m.redis_ms(st.r)
         if not st.running("checks"):
             st.spawn("checks")
@@ -70,7 +80,8 @@ def kill_loop(ctx: Ctx) -> Outcome:
         st.stop_processes(("promote", "checks"))
         acc = m.result_accounting(st, interval_ms(st))
         routes = m.route_accounting(st)
-        out.figures = {"routes": n, "child_kills": child, "worker_kills": whole,
+        out.figures = {"routes": n, "child_kills": child, "child_kills_mid_check": mid_check,
+                       "worker_kills": whole, "loop_s": round(loop_s, 0),
                        "supervisor_restarts": restarts,
                        "lost": routes["lost"] + len(missing), "duplicated": acc["duplicated"],
                        "healthy_dead_lettered": routes["healthy_dead_lettered"],
@@ -78,6 +89,16 @@ def kill_loop(ctx: Ctx) -> Outcome:
                        "recovered_s": round(took, 1) if took is not None else -1.0}
         out.expect_zero("lost", "duplicated", "healthy_dead_lettered", "results_lost")
     return out
+
+
+def _inflight_pid(pid: int, address: str) -> int:
+    """TCP connections process ``pid`` holds to ``address`` (0 when it is gone)."""
+    host, port = address.rsplit(":", 1)
+    try:
+        return sum(1 for c in psutil.Process(pid).net_connections("tcp4")
+                   if c.raddr and c.raddr.ip == host and c.raddr.port == int(port))
+    except psutil.Error:
+        return 0
 
 
 def _inflight(worker, address: str) -> int:
@@ -167,7 +188,7 @@ def poison(ctx: Ctx) -> Outcome:
         finally:
             srv.stop()
         out.figures = {"routes": n + 1, "max_stalled": max_stalled, "poison_claims": srv.claims,
-                       "poison_claims_in_quarantine": srv.claims - 1,
+                       "poison_claims_in_quarantine": max(0, srv.claims - max(max_stalled, 2)),
                        "processes_killed": srv.kills, "poison_dead_lettered": int(took is not None),
                        "dead_letter_s": round(took, 1) if took is not None else -1.0,
                        "healthy_dead_lettered": routes["healthy_dead_lettered"],
@@ -175,8 +196,8 @@ def poison(ctx: Ctx) -> Outcome:
                        "lost": routes["lost"], "duplicated": acc["duplicated"],
                        "results_lost": acc["results_lost"]}
         out.expect(took is not None, "the poison route was never dead-lettered")
-        # the first claim only makes the route a suspect (a crash may be a neighbour's); from the second on
-        # it is checked alone; MAX_STALLED + 1 claims in all dead-letter it (docs/design.md)
+        # the first max(MAX_STALLED, 2) claims only make the route a suspect (a crash may be a neighbour's or
+        # a whole worker's); then it is checked alone; MAX_STALLED + 1 claims in all dead-letter it
         out.expect(0 < srv.claims <= max_stalled + 1,
                    f"poison_claims={srv.claims}, MAX_STALLED+1={max_stalled + 1}")
         out.expect(not missing, f"{len(missing)} healthy routes stopped flowing")

@@ -251,6 +251,17 @@ class PgSchedule(AdminPlane, SpreadPlane):
             cur.execute(f"UPDATE schedule_routes r SET start_mark = v.tok FROM (VALUES {vals}) AS v(route, tok) "
                         "WHERE r.schedule = %s AND r.route = v.route", (self.name,))
 
+    def unmark_started(self, leases: Sequence[Lease]) -> int:
+        """Clear ``start_mark`` of each lease whose mark is still its own token (its check ended without a
+        completion the schedule took): its expiry then counts no stall. Returns the marks cleared."""
+        if not leases:
+            return 0
+        with self.tx(durable=False) as cur:
+            vals = values(cur, [(le.member, le.lease_score) for le in leases])
+            cur.execute(f"UPDATE schedule_routes r SET start_mark = NULL FROM (VALUES {vals}) AS v(route, tok) "
+                        "WHERE r.schedule = %s AND r.route = v.route AND r.start_mark = v.tok", (self.name,))
+            return cur.rowcount
+
     def _missing(self, cur, members: list[str]) -> dict[str, int]:
         """Refusal per member whose fenced write matched no row: ``GONE`` (no row, or dead) or ``LEASE_LOST``."""
         cur.execute("SELECT route, due_at IS NOT NULL FROM schedule_routes WHERE schedule = %s AND route = ANY(%s)",

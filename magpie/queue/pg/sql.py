@@ -74,7 +74,7 @@ WITH c AS (
   SELECT x1.*, CASE WHEN started THEN suspect + 1 ELSE suspect END AS q FROM x1
 ), x AS (
   SELECT x2.*, CASE WHEN started THEN stalls + 1 ELSE stalls END AS st,
-         (started AND q > 2 AND stalls + 1 > %(max_stalled)s) AS dead
+         (started AND q > GREATEST(%(max_stalled)s, 2) AND stalls + 1 > %(max_stalled)s) AS dead
   FROM x2
 )
 UPDATE schedule_routes r SET
@@ -94,7 +94,8 @@ UPDATE schedule_routes r SET
                                                          'alone', true, 'at', c.now) END
 FROM x, c
 WHERE r.ctid = x.row_id
-RETURNING r.route, x.payload, x.shard, {ms('x.due_at')}, x.rank, x.lease_token, x.stalled, x.dead, x.q > 1,
+RETURNING r.route, x.payload, x.shard, {ms('x.due_at')}, x.rank, x.lease_token, x.stalled, x.dead,
+          x.q >= GREATEST(%(max_stalled)s, 2),
           CASE WHEN x.retry THEN x.retries ELSE 0 END, c.now
 """
 """One claim round: reap the expired leases met (stall rule), lease the rest. Params: s, n, lease,
