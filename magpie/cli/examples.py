@@ -20,6 +20,7 @@ EXAMPLES: dict[str, list[str]] = {
     "import": ["magpie import proxies.txt --workspace acme",
                "curl -s https://lists.example/p.txt | magpie import - -w acme --dry-run"],
     "status": ["magpie status --json"],
+    "init": ["magpie init ./deploy", "magpie init ./deploy --force --json"],
     "routes": ["magpie routes --workspace acme --json"],
     "queue pause": ["magpie queue pause"],
     "queue resume": ["magpie queue resume"],

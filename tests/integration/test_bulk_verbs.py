@@ -181,7 +181,7 @@ def test_dashboard_bulk_verbs_need_the_token(cli, two_workspaces, settings):
 
     s = get_settings().model_copy(update={"web_token": "t0ken-for-tests-0123456789"})
     q, h = queue(), two_workspaces
-    with TestClient(create_app(s, sample=False)) as client:
+    with TestClient(create_app(s, sample=False), base_url="http://127.0.0.1") as client:
         assert client.get("/api/bulk/workspaces").status_code == 401
         assert client.post("/api/bulk/workspaces/delete", json={"name": "alpha"}).status_code == 401
         auth = {"Authorization": "Bearer t0ken-for-tests-0123456789"}

@@ -464,7 +464,7 @@ def test_owner_changes_complete_in_the_pools_atomic_call_under_the_streams_polic
 
     items = seed(q, [1, 1])
     (h_keep, _), (h_drop, _) = items
-    q.update(h_drop, Payload(2, Route("socks5", "127.0.0.1", 1), h_drop, [1, 2]).encode())
+    q.update(h_drop, Payload(2, Route("socks5", "127.0.0.1", 1), h_drop, [1, 2]).encode(), q.payload(h_drop))
     redis_client.hset(drops_key(q.keys.prefix), h_drop, "1")
     published = Published(q)
     for i in range(2):

@@ -38,12 +38,12 @@ def marks(q):
 def test_a_completion_redis_refused_counts_no_stall(private_q):
     q = private_q
     seed(q, [300] * 5)
-    engine = FakeEngine()
+    engine = FakeEngine(max_check_seconds=0.5)  # the 1.5 s leases leave room to start
     pool = make_pool(q, engine, Published(q))
     try:
         leases = q.pop(5)
         pool.submit(leases)
-        assert len(marks(q)) == 5
+        assert wait_for(lambda: len(marks(q)) == 5)  # start marks are written in batches
         q.r.config_set("maxmemory", 1)  # Redis now refuses every write
         assert pool.wait_idle(10)
         assert wait_for(lambda: pool.totals.refused == 5)
