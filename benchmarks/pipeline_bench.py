@@ -694,6 +694,8 @@ class Run:
         })
         if self.args.checks_per_process:
             env["MAGPIE_CHECKS_PER_PROCESS"] = str(self.args.checks_per_process)
+        if self.args.check_concurrency:
+            env["MAGPIE_CHECK_CONCURRENCY"] = str(self.args.check_concurrency)
         return env
 
     def magpie_cli(self, env, *argv: str, timeout: float = 300) -> str:
@@ -1298,6 +1300,8 @@ def make_parser() -> argparse.ArgumentParser:
                          "checker); any ref with the current Procfile layout, e.g. 7adb9e4")
     ap.add_argument("--checks-per-process", type=int, default=None,
                     help="MAGPIE_CHECKS_PER_PROCESS of every path (default: unset, each tree's own default)")
+    ap.add_argument("--check-concurrency", type=int, default=None,
+                    help="MAGPIE_CHECK_CONCURRENCY of every path (default: unset, each tree sizes its own)")
     ap.add_argument("--tarpit-ports", type=int, default=None,
                     help=f"tarpit listening ports per fault lab (default: enough for the population's open "
                          f"connections, at least {MIN_TARPIT_PORTS})")

@@ -351,8 +351,10 @@ class CheckPool:
     def _release_held(self, n: int) -> None:
         if n:
             with self._cond:
+                before = self._held
                 self._held -= n
-                self._cond.notify_all()
+                if before >= self.backlog > self._held:  # only a submit blocked on a full backlog waits
+                    self._cond.notify_all()
 
     def _fill(self) -> None:
         """Start pending leases while slots are free; hand back those too late to start."""
