@@ -87,7 +87,7 @@ def record_check_batch(
             (see :func:`check_outcomes`); zero counts are skipped.
         stale: completions rejected as stale (the lease had moved on) in this batch.
         lateness_ms: per check, its start time minus its due time in **milliseconds**
-            (see :func:`lease_lateness_ms`); negative values count in the lowest bucket.
+            (start time minus ``previous_score`` on the Redis clock); negative values count in the lowest bucket.
     Returns:
         True when recorded; False when Redis refused (logged, never raised: metrics must not fail a check).
     """
@@ -225,27 +225,6 @@ def record_check_latency(redis: redis_lib.Redis, prefix: str, latencies_ms: Iter
         return False
 
 
-def lease_lateness_ms(leases: Iterable, now_ms: float | None = None) -> list[float]:
-    """Lateness of each claimed route: start time minus due time, in ms.
-
-    Args:
-        leases: :class:`magpie.queue.Lease` objects or their ``to_dict()`` dicts; the due time is the
-            lease's ``previous_score`` (for a re-claimed expired lease, the old lease's expiry).
-        now_ms: start time in Unix ms on this process's clock (default: now); each lease's
-            ``server_offset_ms`` moves it onto the Redis clock the scores use.
-    """
-    now = time.time() * 1000 if now_ms is None else now_ms
-    out = []
-    for le in leases:
-        get = le.get if isinstance(le, dict) else lambda k, d=None, _le=le: getattr(_le, k, d)
-        try:
-            due = float(get("previous_score"))
-        except (TypeError, ValueError):
-            continue
-        out.append(now + float(get("server_offset_ms", 0.0) or 0.0) - due)
-    return out
-
-
 def check_outcomes(report, entries: Iterable[Mapping[str, str]] = ()) -> dict[str, int]:
     """Outcome counts of one check batch for :func:`record_check_batch`.
 
@@ -330,7 +309,6 @@ __all__ = [
     "check_outcomes",
     "count_stats_drops",
     "counters_key",
-    "lease_lateness_ms",
     "read_counters",
     "record_check_batch",
     "record_check_latency",

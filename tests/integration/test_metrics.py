@@ -21,7 +21,6 @@ from magpie.counters import (
     LATENESS_BUCKETS,
     check_outcomes,
     count_stats_drops,
-    lease_lateness_ms,
     read_counters,
     record_check_batch,
 )
@@ -70,10 +69,7 @@ def test_record_check_batch_keeps_counters_and_fixed_buckets_in_redis(redis_clie
     assert list(buckets)[:-1] == list(LATENESS_BUCKETS)
 
 
-def test_lateness_and_outcome_helpers():
-    leases = [{"previous_score": "1000", "server_offset_ms": 5.0}, {"previous_score": "1500.50"}]
-    assert lease_lateness_ms(leases, now_ms=2000) == [1005.0, 499.5]
-
+def test_outcome_helpers():
     class Rep:
         lease_lost, aborted, malformed, retried = 1, 2, 0, 3
 
