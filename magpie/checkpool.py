@@ -16,9 +16,9 @@ on one event loop). The pool's own coroutines then keep the leases moving:
   leases waiting for slots (backpressure, so a full process leaves the next messages to one with free
   slots). A lease starts in the loop iteration that frees a slot;
 - **start marks and quarantine**: started leases are marked (``HSET`` of ``<hash>#s``,
-  :meth:`RouteQueue.mark_started`) in one write per pass of the loop for every lease it started, and
-  each check waits for that write before it dials, so that only a lease that started checking is
-  evidence against its route if it expires, and a route that kills its process always is; a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
+  :meth:`RouteQueue.mark_started`) in batches every ``complete_interval``, so that only a lease that
+  started checking is evidence against its route if it expires (a crash before the batch lands counts
+  nothing: the rule errs toward the route); a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
   process, and only while this pool holds the deployment's quarantine slot
   (:class:`magpie.queue.quarantine.QuarantineSlot`), and it is marked right before its check starts, so
   that a crash during it is its own;
@@ -145,7 +145,6 @@ def _unmark_quietly(queue, lease: Lease) -> None:
 class _Running:
     lease: Lease
     task: asyncio.Task | None = None
-    marked: asyncio.Future | None = None  # done once the lease's start mark is written
 
 
 @dataclass
@@ -233,7 +232,6 @@ class CheckPool:
         self._inbox: deque[tuple[float, list[Lease]]] = deque()
         self._held = 0
         self._marks: list[Lease] = []
-        self._marking: asyncio.Future | None = None  # the mark write the leases started now wait for
         self._started: list[StartTiming] = []
         self._idle: asyncio.Event | None = None
         self._services: list[asyncio.Task] = []
@@ -373,7 +371,7 @@ class CheckPool:
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
             self._marks.append(le)
-            slot = _Running(le, marked=self._mark_soon())
+            slot = _Running(le)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
         while self._alone and not self._alone_busy and len(self._running) < self.capacity \
@@ -398,41 +396,10 @@ class CheckPool:
                 and self._idle is not None:
             self._idle.set()
 
-    def _mark_soon(self) -> asyncio.Future:
-        """The future of the next start-mark write: one ``HSET`` for every lease started in this pass of the
-        loop, written before any of them dials (a crash during its check is then its evidence)."""
-        if self._marking is None:
-            self._marking = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_soon(self._write_marks)
-        return self._marking
-
-    def _write_marks(self) -> None:
-        marks, self._marks = self._marks, []
-        fut, self._marking = self._marking, None
-
-        async def write() -> None:
-            try:
-                if marks:
-                    await self._in_side(self.queue.mark_started, marks)
-            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
-                log.warning("could not record that %d leases started (Redis unavailable?)", len(marks))
-            finally:
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
-
-        asyncio.ensure_future(write())
-
     async def _run(self, slot: _Running) -> None:
         le = slot.lease
         slot_token = None
         try:
-            if slot.marked is not None:
-                try:
-                    await asyncio.shield(slot.marked)
-                except asyncio.CancelledError:
-                    if self._closing:
-                        self._handback.append(le)
-                    raise
             if le.alone:
                 slot_token = await self._take_quarantine_slot(le)
                 if slot_token is False:  # too late to start: hand back, no evidence
@@ -519,7 +486,7 @@ class CheckPool:
                 log.exception("start marks or timings not recorded")
 
     async def _side_flush(self) -> None:
-        marks: list[Lease] = []  # start marks are written before the checks dial (_mark_soon)
+        marks, self._marks = self._marks, []
         started, self._started = self._started, []
         if marks or started:
             await self._in_side(self._side_sync, marks, started)
