@@ -16,12 +16,15 @@ on one event loop). The pool's own coroutines then keep the leases moving:
   leases waiting for slots (backpressure, so a full process leaves the next messages to one with free
   slots). A lease starts in the loop iteration that frees a slot;
 - **start marks and quarantine**: started leases are marked (``HSET`` of ``<hash>#s``,
-  :meth:`RouteQueue.mark_started`) in batches every ``complete_interval``, so that only a lease that
-  started checking is evidence against its route if it expires (a crash before the batch lands counts
-  nothing: the rule errs toward the route); a route in quarantine (:attr:`Lease.alone`) is checked alone: one at a time per
-  process, and only while this pool holds the deployment's quarantine slot
-  (:class:`magpie.queue.quarantine.QuarantineSlot`), and it is marked right before its check starts, so
-  that a crash during it is its own;
+  :meth:`RouteQueue.mark_started`) in one write per pass of the loop for every lease it started, and
+  each check waits for that write before it dials, so that only a lease that started checking is
+  evidence against its route if it expires, and a route that kills its process always is;
+- **quarantine**: given ``isolate``, a route in quarantine (:attr:`Lease.alone`) is checked in a process
+  of its own (:mod:`magpie.isolation`, up to ``isolated_checks`` at once), unmarked: that process dying
+  under the check is reported as the route's crash (:meth:`RouteQueue.report_crash`), while this process
+  dying counts nothing. Without ``isolate`` it is checked one at a time per process, only while this pool
+  holds the deployment's quarantine slot (:class:`magpie.queue.quarantine.QuarantineSlot`), and marked
+  right before its check starts;
 - **hand-back**: a lease that could not start before ``expiry - max_check_seconds`` is released unchecked
   (``release.lua``), claimable again at once, with no stall counted;
 - **capacity heartbeat**: the engine's slots are announced to :class:`magpie.queue.capacity.CapacityRegistry`
@@ -47,6 +50,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 import redis as redis_lib
 
 from magpie.backoff import Backoff
+from magpie.isolation import IsolatedCrash
 from magpie.checker.check import LoopThread
 from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
@@ -145,6 +150,7 @@ def _unmark_quietly(queue, lease: Lease) -> None:
 class _Running:
     lease: Lease
     task: asyncio.Task | None = None
+    marked: asyncio.Future | None = None  # done once the lease's start mark is written
 
 
 @dataclass
@@ -176,6 +182,18 @@ class CheckPool:
         heartbeat: seconds between capacity announcements (their TTL is three of these).
         payload_cipher: opens payloads with sealed credentials (:attr:`magpie.crypto.Keyring.queue`);
             without it such a payload counts as malformed.
+        isolate: ``async (payload_text, timeout_s) -> CheckResult`` checking a quarantined route in a
+            process of its own (:func:`magpie.isolation.check_isolated`; it raises
+            :class:`magpie.isolation.IsolatedCrash` when that process died under the check, which is then
+            reported to the schedule, :meth:`RouteQueue.report_crash`). None: quarantined routes are
+            checked in this process, one at a time and only while this pool holds ``quarantine``, marked
+            started, so that a crash during the check is counted.
+        isolated_checks: quarantined checks this pool runs at once in processes of their own (each
+            process's crash is its own route's, so they need no deployment-wide slot).
+        suspect_spread_s: a lease re-claimed after its lease expired (:attr:`Lease.stalled`) starts after
+            a random delay of up to this many seconds, so that routes which crashed together (one message,
+            one pass, one lease expiry) do not start together again: a poison route's neighbours then
+            differ from one crash to the next, and only the poison keeps meeting its own crashes. 0: at once.
         quarantine: the deployment's :class:`magpie.queue.quarantine.QuarantineSlot`; None: quarantined
             checks are alone in this process only (tests, one-shot runs).
         timings: optional ``timings(samples)`` with the leases started since the last flush, each a
@@ -188,7 +206,8 @@ class CheckPool:
                  renew_below_ms: float, backoff: Backoff | None = None, registry: CapacityRegistry | None = None,
                  record: Record | None = None, complete_interval: float = 0.1, heartbeat: float = 2.0,
                  payload_cipher=None,
-                 block_timeout: float = 2.0, quarantine=None, owner_changes=None,
+                 block_timeout: float = 2.0, quarantine=None, owner_changes=None, isolate=None,
+                 isolated_checks: int = 4, suspect_spread_s: float = 2.0,
                  timings: Callable[[list[StartTiming]], object] | None = None) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity!r}")
@@ -204,6 +223,8 @@ class CheckPool:
         self.record = record
         self.payload_cipher = payload_cipher
         self.quarantine = quarantine
+        self.isolate = isolate
+        self.suspect_spread_s = max(0.0, float(suspect_spread_s))
         self.timings = timings
         self.owner_changes = owner_changes
         self.complete_interval = float(complete_interval)
@@ -217,7 +238,8 @@ class CheckPool:
         # (lease, (received ms, admitted ms)) waiting for a slot; quarantined ones are checked one at a time
         self._pending: deque[tuple[Lease, tuple[float, float]]] = deque()
         self._alone: deque[tuple[Lease, tuple[float, float]]] = deque()
-        self._alone_busy = False
+        self._alone_busy = 0  # quarantined checks running
+        self._alone_limit = int(isolated_checks) if isolate is not None else 1
         self._running: dict[int, _Running] = {}
         self._done: list[tuple[Lease, Payload, CheckResult]] = []
         self._retry: list[Lease] = []
@@ -232,6 +254,7 @@ class CheckPool:
         self._inbox: deque[tuple[float, list[Lease]]] = deque()
         self._held = 0
         self._marks: list[Lease] = []
+        self._marking: asyncio.Future | None = None  # the mark write the leases started now wait for
         self._started: list[StartTiming] = []
         self._idle: asyncio.Event | None = None
         self._services: list[asyncio.Task] = []
@@ -370,11 +393,14 @@ class CheckPool:
             now = now or time.time() * 1000
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
-            self._marks.append(le)
-            slot = _Running(le)
+            if le.stalled and self.suspect_spread_s > 0:
+                slot = _Running(le)  # a suspect: marked when it starts, at a random moment (_run)
+            else:
+                self._marks.append(le)
+                slot = _Running(le, marked=self._mark_soon())
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
-        while self._alone and not self._alone_busy and len(self._running) < self.capacity \
+        while self._alone and self._alone_busy < self._alone_limit and len(self._running) < self.capacity \
                 and not self._closing:
             le, stamp = self._alone.popleft()
             taken += 1
@@ -384,7 +410,7 @@ class CheckPool:
             now = now or time.time() * 1000
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
-            self._alone_busy = True
+            self._alone_busy += 1
             slot = _Running(le)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
@@ -396,19 +422,67 @@ class CheckPool:
                 and self._idle is not None:
             self._idle.set()
 
+    def _mark_soon(self) -> asyncio.Future:
+        """The future of the next start-mark write: one script call for every lease started in this pass of
+        the loop, written before any of them dials (a crash during its check is then its evidence). Its
+        result: the ids of the leases already marked with their own token (a process that died started
+        them: they are not started again, and their expiry counts the stall once)."""
+        if self._marking is None:
+            self._marking = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._write_marks)
+        return self._marking
+
+    def _write_marks(self) -> None:
+        marks, self._marks = self._marks, []
+        fut, self._marking = self._marking, None
+
+        async def write() -> None:
+            again: set[int] = set()
+            try:
+                if marks:
+                    again = {id(le) for le in await self._in_side(self.queue.mark_started, marks) or ()}
+            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
+                log.warning("could not record that %d leases started (Redis unavailable?)", len(marks))
+            finally:
+                if fut is not None and not fut.done():
+                    fut.set_result(again)
+
+        asyncio.ensure_future(write())
+
     async def _run(self, slot: _Running) -> None:
         le = slot.lease
         slot_token = None
+        restarted = False
         try:
+            if slot.marked is None and not le.alone:  # a suspect: its crash-mates must not start with it again
+                await asyncio.sleep(random.uniform(0, self.suspect_spread_s))
+                self._marks.append(le)
+                slot.marked = self._mark_soon()
+            if slot.marked is not None:
+                try:
+                    again = await asyncio.shield(slot.marked)
+                except asyncio.CancelledError:
+                    if self._closing:
+                        self._handback.append(le)
+                    raise
+                if id(le) in again:
+                    log.warning("route %s: its lease was started before by a process that died; it is not "
+                                "started again and comes back when the lease expires", le.member)
+                    return
             if le.alone:
-                slot_token = await self._take_quarantine_slot(le)
+                slot_token = await self._take_quarantine_slot(le) if self.isolate is None else None
                 if slot_token is False:  # too late to start: hand back, no evidence
                     self._handback.append(le)
                     return
-                try:
-                    await self._in_side(self.queue.mark_started, [le])
-                except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
-                    log.warning("could not record the start of quarantined route %s", le.member)
+                if self.isolate is None:
+                    try:
+                        if await self._in_side(self.queue.mark_started, [le]):
+                            restarted = True  # the mark is the dead process's evidence: it stays
+                            log.warning("quarantined route %s: its lease was started before by a process "
+                                        "that died; it comes back when the lease expires", le.member)
+                            return
+                    except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
+                        log.warning("could not record the start of quarantined route %s", le.member)
             try:
                 payload = Payload.decode(le.payload, self.payload_cipher)
             except PayloadError as exc:
@@ -417,7 +491,14 @@ class CheckPool:
                 return
             try:
                 async with asyncio.timeout(self._guard_s):  # last guard: the engine's deadlines come first
-                    res = await self.engine.check_payload(payload, before_attempt=lambda _n: not le.cancelled)
+                    if le.alone and self.isolate is not None:
+                        try:
+                            res = await self.isolate(le.payload, self._guard_s)
+                        except IsolatedCrash as exc:
+                            self._side.submit(self._report_crash, le, exc)
+                            return
+                    else:
+                        res = await self.engine.check_payload(payload, before_attempt=lambda _n: not le.cancelled)
             except asyncio.CancelledError:
                 if self._closing:
                     self._handback.append(le)
@@ -437,8 +518,9 @@ class CheckPool:
         finally:
             self._running.pop(id(le), None)
             if le.alone:
-                self._alone_busy = False
-                self._io.submit(_unmark_quietly, self.queue, le)  # a crash from here on is not its check's
+                self._alone_busy -= 1
+                if self.isolate is None and not restarted:  # a crash from here on is not its check's
+                    self._io.submit(_unmark_quietly, self.queue, le)
                 if slot_token:
                     self._side.submit(self._give_back_slot, slot_token)
             if not self._closing:
@@ -464,6 +546,18 @@ class CheckPool:
             await asyncio.sleep(0.25)
         return False
 
+    def _report_crash(self, le: Lease, exc: IsolatedCrash) -> None:
+        if self._closing:  # shutting down: the isolated process may have been stopped with this one
+            return
+        try:
+            code = self.queue.report_crash(le)
+        except Exception:  # noqa: BLE001 - the lease expires unmarked: nothing counted, checked again
+            log.warning("could not report that quarantined route %s crashed its isolated check", le.member)
+            return
+        what = {2: "dead-lettered", 1: "checked again, still in quarantine"}.get(code, "lease already lost")
+        log.warning("quarantined route %s crashed its isolated check process (exit status %s): %s",
+                    le.member, exc.returncode, what)
+
     def _give_back_slot(self, token: str) -> None:
         try:
             self.quarantine.give_back(token)
@@ -486,7 +580,7 @@ class CheckPool:
                 log.exception("start marks or timings not recorded")
 
     async def _side_flush(self) -> None:
-        marks, self._marks = self._marks, []
+        marks: list[Lease] = []  # start marks are written before the checks dial (_mark_soon)
         started, self._started = self._started, []
         if marks or started:
             await self._in_side(self._side_sync, marks, started)

@@ -73,6 +73,7 @@ def check_pool():
         from magpie.judges.ownership import OwnerChanges
         from magpie.checker.limits import checks_within_fd_limit
         from magpie.checkpool import CheckPool
+        from magpie.isolation import check_isolated
         from magpie.queue.quarantine import QuarantineSlot
         from magpie.queue.completion import StreamTarget
         from magpie.queue.payload import read_cipher
@@ -98,7 +99,7 @@ def check_pool():
             registry=capacity_registry(), record=record, timings=timings,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
             payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix),
-            owner_changes=OwnerChanges(r, prefix))
+            owner_changes=OwnerChanges(r, prefix), isolate=check_isolated)
         return pool.start()
 
     return _get("check_pool", build)

@@ -27,7 +27,10 @@ carry ``alone=True``). A check that ended without a completion the store took wi
 (:meth:`unmark_started`). More than
 ``max_stalled`` counted stalls, the last of them while checked alone, dead-letter it with the evidence
 ``{reason: "stalled", stalls, claims, alone: true}``: a route that kills its process is dead-lettered
-within ``max(max_stalled + 1, 3)`` claims. A completion clears all of it; a release clears the start mark only.
+within ``max(max_stalled + 1, 3)`` claims. The check workers instead run a quarantined check unmarked in a
+process of its own and report that process's crash (:meth:`report_crash`): two in a row dead-letter the
+route (``{reason: "crashed", stalls, isolated_crashes, alone: true}``). A completion clears all of it; a
+release clears the start mark only.
 
 Times are Unix ms on the provider's server clock (Redis ``TIME`` or PostgreSQL ``clock_timestamp()``);
 delays and lengths are ms. Refusals raise :class:`magpie.queue.QueueError` (``LeaseLost`` for a stale
@@ -61,12 +64,16 @@ class ScheduleProvider(Protocol):
     def pop(self, count: int = 1, max_inflight: int = 0, lease_ms: int | None = None) -> list[Lease]:
         """Claim up to ``count`` due routes in due order; ``max_inflight`` > 0 caps live leases. Nothing
         while paused. Expired leases met on the way are re-claimed (``stalled=True``) or dead-lettered."""
-    def mark_started(self, leases: Sequence[Lease]) -> None:
-        """Record that ``leases`` started checking (stall evidence if they expire)."""
+    def mark_started(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Record that ``leases`` started checking (stall evidence if they expire); returns those that
+        already carried their own mark (started before by a process that died: not to start again)."""
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Withdraw the start mark of each lease that still carries its own (its check ended without a
         completion the schedule took, e.g. a write the store refused): its expiry then counts no stall.
         Returns the marks withdrawn."""
+    def report_crash(self, lease: Lease, needed: int = 2) -> int:
+        """The holder saw ``lease``'s quarantined check crash its isolated process: count it; dead-letter
+        after ``needed`` in a row (2), else claimable at once. 2 dead-lettered, 1 requeued, or a refusal."""
     def renew(self, lease: Lease, lease_ms: int | None = None) -> Lease:
         """Extend (heartbeat) one lease; returns it with a new ``lease_score``. Raises ``LeaseLost``/gone."""
     def renew_many(self, leases: Sequence[Lease], lease_ms: int | None = None) -> list[int]:

@@ -28,6 +28,19 @@ from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueErr
 from magpie.queue.scripts import Scripts
 
 
+_MARK = """
+local again = {}
+for i = 1, #ARGV, 2 do
+  local mark = redis.call('HGET', KEYS[1], ARGV[i])
+  if mark and tonumber(mark) == tonumber(ARGV[i + 1]) then
+    again[#again + 1] = (i + 1) / 2
+  else
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  end
+end
+return again
+"""
+
 _UNMARK = """#!lua flags=allow-oom
 local n = 0
 for i = 1, #ARGV, 2 do
@@ -63,6 +76,7 @@ class RouteQueue:
         self.log_limit = int(log_limit)
         self.clock = clock
         self.scripts = Scripts(client)
+        self._mark = client.register_script(_MARK)
         self._unmark = client.register_script(_UNMARK)  # deletes only: runs on a full Redis (allow-oom)
         self._core = keys.core()
         self.last_pop = {"paused": False, "dead_lettered": 0, "allowed": 0}
@@ -164,15 +178,22 @@ class RouteQueue:
         return [Lease(m, p, prev, lease_s, shard, bool(f & 1), f >> 2, offset, bool(f & 2))
                 for m, p, prev, shard, f in raw[5:]]
 
-    def mark_started(self, leases: Sequence[Lease]) -> None:
-        """Record that ``leases`` started checking (one ``HSET`` of ``<member>#s`` -> lease score).
+    def mark_started(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Record that ``leases`` started checking (``<member>#s`` -> lease score, one script call).
 
         Only a lease with this mark counts as evidence against its route when it expires (``pop.lua``);
         a completion, release or retry clears it. Marking a lost lease is harmless: ``pop.lua`` compares
-        the mark with the expired lease's score. Raises redis errors only.
+        the mark with the expired lease's score. Returns the leases that already carried their own mark:
+        a process that died started them before (Celery hands a message whose process died before taking
+        it to another process), so they must not start again; their expiry counts the stall once.
+        Raises redis errors only.
         """
-        if leases:
-            self.r.hset(self.keys.stalls, mapping={f"{le.member}#s": le.lease_score for le in leases})
+        if not leases:
+            return []
+        args: list = []
+        for le in leases:
+            args += [f"{le.member}#s", le.lease_score]
+        return [leases[int(i) - 1] for i in self._mark(keys=[self.keys.stalls], args=args)]
 
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Withdraw the ``<member>#s`` mark of each lease whose mark is still its own lease score.
@@ -244,6 +265,19 @@ class RouteQueue:
         for le in leases:
             le.cancel()
         return codes
+
+    def report_crash(self, lease: Lease, needed: int = 2) -> int:
+        """Record that ``lease``'s quarantined check crashed the isolated process it ran in while this
+        holder lived (``crashed.lua``): after ``needed`` such crashes in a row the route is dead-lettered
+        (reason ``crashed``), else it is claimable again at once, still in quarantine.
+
+        Returns 2 dead-lettered, 1 requeued, or ``LEASE_LOST`` / ``GONE`` (nothing changed). Raises
+        ``redis.RedisError`` when Redis is unreachable.
+        """
+        code = int(self.scripts.crashed(keys=self._core + [lease.shard],
+                                        args=[self._now(), lease.member, lease.lease_score, int(needed)]))
+        lease.cancel()
+        return code
 
     def complete(self, leases: Sequence[Lease], interval_ms: int | None = None) -> list[int]:
         """Finish the cycles of ``leases`` in one script call (``complete.lua``); writes no payload.

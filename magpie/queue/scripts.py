@@ -24,7 +24,7 @@ LUA_DIR = _lua_dir()
 NAMES = (
     "pop", "renew", "complete", "retry", "remove", "progress", "log", "schedule",
     "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate", "release",
-    "respread_batch",
+    "respread_batch", "crashed",
 )
 
 

@@ -173,3 +173,78 @@ def test_withdrawing_marks_of_gone_or_foreign_leases_changes_nothing(make_queue,
     assert q.unmark_started(got[:1]) == 0  # completed: its mark is gone already
     expire(q, clock, 2)
     assert sorted(q.inspect(m)["stalls"] for m in members) == [0, 1]
+
+
+def _quarantine(q, clock, n_stalls):
+    """One route stalled ``n_stalls`` times in a row with its start marked: its next lease is alone."""
+    [h], got = due_batch(q, clock, 1)
+    for _ in range(n_stalls):
+        q.mark_started(got)
+        got = expire(q, clock, 1)
+    assert got[0].alone
+    return h, got[0]
+
+
+def test_two_crashes_of_the_isolated_check_in_a_row_dead_letter_the_route(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    h, le = _quarantine(q, clock, 3)
+    assert q.report_crash(le) == 1  # one could be a stray kill: claimable at once, still in quarantine
+    clock.advance(1)
+    [again] = q.pop(1)
+    assert again.member == h and again.alone
+    assert q.report_crash(le) < 0  # the old lease is stale: nothing changes
+    assert q.dead_letters() == []
+    assert q.report_crash(again) == 2
+    [dead] = q.dead_letters()
+    assert dead["member"] == h and dead["reason"] == "crashed" and dead["alone"] is True
+    assert q.pop(1) == []
+
+
+def test_a_completion_between_isolated_crashes_forgives_the_first(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
+    h, le = _quarantine(q, clock, 2)
+    assert q.report_crash(le) == 1
+    clock.advance(1)
+    [again] = q.pop(1)
+    q.complete_one(again)
+    h2, le2 = h, None
+    clock.advance(q.interval_ms + 1)
+    for _ in range(2):
+        [le2] = q.pop(1)
+        q.mark_started([le2])
+        clock.advance(q.lease_ms + 1)
+    [le2] = q.pop(1)
+    assert le2.member == h2 and le2.alone
+    assert q.report_crash(le2) == 1 and q.dead_letters() == []
+
+
+def test_an_isolated_check_that_vanished_with_its_pool_counts_nothing(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
+    h, le = _quarantine(q, clock, 2)
+    for _ in range(5):  # whole-worker crashes during the unmarked isolated check
+        [le] = expire(q, clock, 1)
+        assert le.member == h and le.alone
+    assert q.dead_letters() == []
+
+
+def test_marking_a_lease_already_marked_with_its_own_token_reports_it(make_queue, clock):
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    members, got = due_batch(q, clock, 3)
+    assert q.mark_started(got[:2]) == []
+    again = q.mark_started(got)
+    assert [le.member for le in again] == [le.member for le in got[:2]]
+    later = expire(q, clock, 3)
+    assert [q.inspect(m)["stalls"] for m in members] == [1, 1, 1]  # each started lease counted once
+    assert q.mark_started(later) == []  # a new lease is a new token
+
+
+def test_a_renewal_leaves_an_unmarked_lease_unmarked(make_queue, clock):
+    """A quarantined check in a process of its own is never marked: renewing it must not mark it, or
+    a whole-worker crash during it would count against the route."""
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=2)
+    h, le = _quarantine(q, clock, 2)
+    le = q.renew(le)
+    for _ in range(4):
+        [le] = expire(q, clock, 1)
+        le = q.renew(le)
+    assert q.dead_letters() == [] and q.inspect(h)["stalls"] == 2

@@ -73,3 +73,50 @@ def test_a_quarantined_check_withdraws_its_start_mark_when_it_ends(private_q):
         assert q.inspect(le.member)["state"] == "leased"  # not completed yet
     finally:
         pool.close()
+
+
+def test_a_lease_a_dead_process_started_is_not_started_again(private_q):
+    """Celery hands a message whose process died before taking it to another process: the leases the dead
+    process had started carry their own mark; starting them again would run a poison route twice."""
+    q = private_q
+    q.lease_ms = 60_000
+    seed(q, [50, 51, 52])
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q))
+    try:
+        leases = q.pop(3)
+        assert q.mark_started(leases[:1]) == []  # the dead process got this far with the first
+        pool.submit(leases)
+        assert pool.wait_idle(10)
+        assert wait_for(lambda: pool.totals.completed == 2)
+        assert sorted(engine.started) == [51, 52]
+        assert marks(q) == {f"{leases[0].member}#s": leases[0].lease_score}  # its evidence stays
+        assert q.inspect(leases[0].member)["state"] == "leased"
+    finally:
+        pool.close()
+
+
+def test_an_isolated_check_whose_process_died_is_reported_as_the_routes_crash(private_q):
+    from magpie.isolation import IsolatedCrash
+
+    q = private_q
+    q.lease_ms = 60_000
+    seed(q, [60])
+    engine = FakeEngine()
+    calls = []
+
+    async def isolate(payload_text, timeout_s):
+        calls.append(payload_text)
+        raise IsolatedCrash(-9)
+    pool = make_pool(q, engine, Published(q), isolate=isolate)
+    try:
+        [le] = q.pop(1)
+        le.alone = True
+        pool.submit([le])
+        assert pool.wait_idle(10)
+        assert calls == [le.payload] and engine.started == []  # checked only in its own process
+        assert wait_for(lambda: q.inspect(le.member)["stalls"] == 1)  # the crash counted, at once
+        assert marks(q) == {}  # unmarked: the pool's own death would have counted nothing
+        assert q.inspect(le.member)["state"] != "leased"  # claimable again at once
+    finally:
+        pool.close()

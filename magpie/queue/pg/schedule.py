@@ -241,15 +241,22 @@ class PgSchedule(AdminPlane, SpreadPlane):
         self.last_pop = {"allowed": allowed, "paused": paused, "dead_lettered": dead}
         return got
 
-    def mark_started(self, leases: Sequence[Lease]) -> None:
+    def mark_started(self, leases: Sequence[Lease]) -> list[Lease]:
         """Record that ``leases`` started checking: ``start_mark`` = the lease token (stall evidence).
-        Marking a lost lease is harmless: a claim compares the mark with the expired lease's token."""
+        Marking a lost lease is harmless: a claim compares the mark with the expired lease's token.
+        Returns the leases whose mark was already their own token (started before by a process that
+        died: they must not start again)."""
         if not leases:
-            return
+            return []
         with self.tx(durable=False) as cur:
             vals = values(cur, [(le.member, le.lease_score) for le in leases])
+            cur.execute(f"SELECT r.route, v.tok FROM schedule_routes r, (VALUES {vals}) AS v(route, tok) "
+                        "WHERE r.schedule = %s AND r.route = v.route AND r.start_mark = v.tok", (self.name,))
+            again = set(cur.fetchall())
             cur.execute(f"UPDATE schedule_routes r SET start_mark = v.tok FROM (VALUES {vals}) AS v(route, tok) "
-                        "WHERE r.schedule = %s AND r.route = v.route", (self.name,))
+                        "WHERE r.schedule = %s AND r.route = v.route "
+                        "AND r.start_mark IS DISTINCT FROM v.tok", (self.name,))
+        return [le for le in leases if (le.member, str(le.lease_score)) in again]
 
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Clear ``start_mark`` of each lease whose mark is still its own token (its check ended without a
@@ -261,6 +268,29 @@ class PgSchedule(AdminPlane, SpreadPlane):
             cur.execute(f"UPDATE schedule_routes r SET start_mark = NULL FROM (VALUES {vals}) AS v(route, tok) "
                         "WHERE r.schedule = %s AND r.route = v.route AND r.start_mark = v.tok", (self.name,))
             return cur.rowcount
+
+    def report_crash(self, lease: Lease, needed: int = 2) -> int:
+        """The holder saw ``lease``'s quarantined check crash its isolated process: ``stalls`` grows by one
+        beyond ``suspect``; ``needed`` such crashes in a row dead-letter the route (reason ``crashed``), else
+        it is due now, still in quarantine. Returns 2 dead-lettered, 1 requeued, or ``LEASE_LOST`` /
+        ``GONE``."""
+        with self.tx() as cur:
+            cur.execute(
+                "WITH c AS (SELECT " + NOW + " AS now) "
+                "UPDATE schedule_routes r SET stalls = r.stalls + 1, start_mark = NULL, lease_expires_at = NULL, "
+                "lease_token = NULL, leased_at = NULL, last_heartbeat_at = NULL, retry = false, "
+                "due_at = CASE WHEN r.stalls + 1 - r.suspect >= %(n)s THEN NULL ELSE " + ts("c.now") + " END, "
+                "dead_at = CASE WHEN r.stalls + 1 - r.suspect >= %(n)s THEN " + ts("c.now") + " END, "
+                "dead_reason = CASE WHEN r.stalls + 1 - r.suspect >= %(n)s THEN jsonb_build_object("
+                "'reason', 'crashed', 'stalls', r.stalls + 1, 'claims', r.stalls + 1, "
+                "'isolated_crashes', r.stalls + 1 - r.suspect, 'alone', true, 'at', c.now) END "
+                "FROM c WHERE r.schedule = %(s)s AND r.route = %(m)s AND r.lease_token = %(tok)s "
+                "RETURNING r.dead_at IS NOT NULL",
+                {"s": self.name, "m": lease.member, "tok": lease.lease_score, "clk": self._clk(), "n": int(needed)})
+            row = cur.fetchone()
+            code = (2 if row[0] else 1) if row else self._missing(cur, [lease.member])[lease.member]
+        lease.cancel()
+        return code
 
     def _missing(self, cur, members: list[str]) -> dict[str, int]:
         """Refusal per member whose fenced write matched no row: ``GONE`` (no row, or dead) or ``LEASE_LOST``."""
@@ -284,13 +314,14 @@ class PgSchedule(AdminPlane, SpreadPlane):
 
     _RENEW = (f"UPDATE schedule_routes r SET lease_expires_at = {ts('c.now + %(lease)s')}, "
               f"due_at = {ts('c.now + %(lease)s + 1')}, lease_token = (c.now + %(lease)s)::text || '.50', "
-              f"last_heartbeat_at = {ts('c.now')}, start_mark = (c.now + %(lease)s)::text || '.50' "
+              f"last_heartbeat_at = {ts('c.now')}, start_mark = CASE WHEN r.start_mark = r.lease_token THEN (c.now + %(lease)s)::text || '.50' END "
               f"FROM (SELECT {NOW} AS now) c "
               "WHERE r.schedule = %(s)s AND r.route = %(m)s AND r.lease_token = %(tok)s RETURNING r.lease_token")
 
     def renew(self, lease: Lease, lease_ms: int | None = None) -> Lease:
         """Extend (heartbeat) ``lease``: a new token, ``last_heartbeat_at`` = now; a renewal shows the holder
-        is checking, so the start mark follows the new token. Raises ``LeaseLost``/gone."""
+        is checking, so a start mark follows the new token (an unmarked lease stays unmarked: a quarantined
+        check in a process of its own is never marked). Raises ``LeaseLost``/gone."""
         row = self._fenced_one(lease, self._RENEW, {"lease": int(lease_ms or self.lease_ms)}, durable=False)
         lease.lease_score = row[0]
         return lease
@@ -305,7 +336,7 @@ class PgSchedule(AdminPlane, SpreadPlane):
             cur.execute(
                 f"UPDATE schedule_routes r SET lease_expires_at = {ts('c.now + %(lease)s')}, "
                 f"due_at = {ts('c.now + %(lease)s + 1')}, lease_token = (c.now + %(lease)s)::text || '.50', "
-                f"last_heartbeat_at = {ts('c.now')}, start_mark = (c.now + %(lease)s)::text || '.50' "
+                f"last_heartbeat_at = {ts('c.now')}, start_mark = CASE WHEN r.start_mark = r.lease_token THEN (c.now + %(lease)s)::text || '.50' END "
                 f"FROM (SELECT {NOW} AS now) c, (VALUES {vals}) AS v(route, tok) "
                 "WHERE r.schedule = %(s)s AND r.route = v.route AND r.lease_token = v.tok "
                 "RETURNING r.route, v.tok, r.lease_token",
