@@ -424,15 +424,16 @@ class CheckEngine:
             if last.ok or last.final:
                 break
         assert last is not None
-        anonymity = None
+        anonymity = exit_ip = None
         if last.ok and last.echo is not None:
             own = await self._own_for_grading()
             anonymity = classify(last.echo, own) if own else None
+            exit_ip = normalize_ip(last.echo["remote_addr"])
         return CheckResult(
             alive=last.ok, latency_ms=last.latency_ms if last.ok else None, status=last.status, attempts=made,
             error=None if last.ok else last.error, body=self._body(last.raw, route), anonymity=anonymity,
             judge=self.judge_url, checked_at_ms=now_ms(), connect_ms=last.connect_ms,
-            handshake_ms=last.handshake_ms)
+            handshake_ms=last.handshake_ms, exit_ip=exit_ip)
 
     # -- the judge itself ---------------------------------------------------------------------------
     async def _direct(self) -> tuple[_Attempt, str | None]:
