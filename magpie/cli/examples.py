@@ -94,6 +94,8 @@ EXAMPLES: dict[str, list[str]] = {
     "rotators list": ["magpie rotators list --json"],
     "rotator": ["MAGPIE_ROTATOR_METRICS_PORT=9102 magpie rotator"],
     "web": ["MAGPIE_WEB_TOKEN=... magpie web --host 127.0.0.1 --port 8080"],
+    "export": ["magpie export --workspace acme --alive --protocol socks5 --max-latency 800 --format url",
+               "magpie export --workspace acme --min-score 70 --format csv -o good.csv"],
 }
 
 
