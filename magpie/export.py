@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import logging
 import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from datetime import datetime
+from json.encoder import encode_basestring_ascii as _quote
 from urllib.parse import quote
 
 from magpie.errors import MagpieError
@@ -156,13 +156,15 @@ def _where(params: dict, alive: bool | None) -> str:
     return "".join(f" AND {c}" for c in cond)
 
 
-def export_sql(params: dict, alive: bool | None, with_credentials: bool) -> str:
-    """The export query (psycopg2 ``%(name)s`` parameters: ``wid`` and the filter's); columns in the order
-    of :data:`COLUMNS` after ``id`` (``protocol`` .. ``port``), then ``username_enc``, ``password_enc`` when
-    ``with_credentials``."""
+def export_sql(params: dict, alive: bool | None, with_credentials: bool, full: bool = True) -> str:
+    """The export query (psycopg2 ``%(name)s`` parameters: ``wid`` and the filter's); columns: those of
+    :data:`COLUMNS` in order (``last_checked_at`` as ISO 8601 text), or only ``protocol, host, port`` when
+    not ``full``, then ``username_enc``, ``password_enc`` when ``with_credentials``. Unused joins are
+    removed by PostgreSQL's planner (each joins on a unique key)."""
     creds = ", r.username_enc, r.password_enc" if with_credentials else ""
-    return ("SELECT r.protocol, r.host, r.port, h.alive, h.latency_ms, h.anonymity, e.country, h.exit_ip, "
-            f"h.exit_country, rr.score, h.last_checked_at{creds} "
+    cols = ("r.protocol, r.host, r.port, h.alive, h.latency_ms, h.anonymity, e.country, h.exit_ip, "
+            "h.exit_country, rr.score, to_json(h.last_checked_at) #>> '{}'") if full else "r.protocol, r.host, r.port"
+    return (f"SELECT {cols}{creds} "
             "FROM route_workspaces rw JOIN routes r ON r.id = rw.route_id "
             "LEFT JOIN route_health h ON h.route_id = r.id "
             "LEFT JOIN route_enrichment e ON e.route_id = r.id "
@@ -183,23 +185,38 @@ def _auth(user: str | None, pw: str | None) -> str:
     return out + "@"
 
 
-def _iso(t: datetime | None) -> str | None:
-    return t.isoformat() if t is not None else None
+def _iso(t: datetime | str | None) -> str | None:
+    return t.isoformat() if isinstance(t, datetime) else t
 
 
 def _num(v) -> float | None:
     return None if v is None else round(float(v), 3)
 
 
-def _record(row, creds) -> dict:
-    proto, host, port, alive, lat, anon, country, exit_ip, exit_country, score, checked = row[:11]
-    out = {"protocol": proto, "host": host, "port": port}
-    if creds is not None:
-        out["username"], out["password"] = creds
-    out.update(alive=alive, latency_ms=_num(lat), anonymity=anon, country=country, exit_ip=exit_ip,
-               exit_country=exit_country, score=_num(score), last_checked_at=_iso(checked))
-    out["url"] = f"{proto}://{_auth(*(creds or (None, None)))}{_hostport(host, port)}"
-    return out
+def _q(v) -> str:
+    return "null" if v is None else _quote(v)
+
+
+def _n(v) -> str:
+    return "null" if v is None else repr(round(float(v), 3))
+
+
+_BOOL = {True: "true", False: "false", None: "null"}
+
+
+def _json_line(r, cred) -> str:
+    """One route as a JSON object (keys as :data:`COLUMNS`, credentials after ``port``, then ``url``)."""
+    proto, host, port = r[0], r[1], r[2]
+    hp = _hostport(host, port)
+    auth = ""
+    mid = ""
+    if cred is not None:
+        auth = _auth(*cred)
+        mid = f',"username":{_q(cred[0])},"password":{_q(cred[1])}'
+    return (f'{{"protocol":{_quote(proto)},"host":{_quote(host)},"port":{int(port)}{mid},"alive":{_BOOL[r[3]]},'
+            f'"latency_ms":{_n(r[4])},"anonymity":{_q(r[5])},"country":{_q(r[6])},"exit_ip":{_q(r[7])},'
+            f'"exit_country":{_q(r[8])},"score":{_n(r[9])},"last_checked_at":{_q(_iso(r[10]))},'
+            f'"url":{_quote(f"{proto}://{auth}{hp}")}}}')
 
 
 class _Formatter:
@@ -249,9 +266,10 @@ class _Formatter:
                     row[3:3] = list(creds[i])
                 out.append(row)
             return self._csv(out)
-        dumps = json.dumps
-        lines = [dumps(_record(r, creds[i] if creds is not None else None), separators=(",", ":"))
-                 for i, r in enumerate(rows)]
+        if creds is None:
+            lines = [_json_line(r, None) for r in rows]
+        else:
+            lines = [_json_line(r, c) for r, c in zip(rows, creds)]
         if fmt == "jsonl":
             return "".join(f"{line}\n" for line in lines)
         text = ",\n".join(lines)
@@ -308,7 +326,7 @@ def stream_export(settings, flt: ExportFilter, fmt: str, with_credentials: bool 
         audit.info("export with credentials requested: workspace %r, format %s, filter %s", flt.workspace, fmt,
                    conditions or "none")
     params = {k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()}
-    sql = export_sql(params, flt.alive, with_credentials)
+    sql = export_sql(params, flt.alive, with_credentials, full=fmt not in ("txt", "url"))
     return _stream(engine, sql, params, _Formatter(fmt, with_credentials), keyring, flt.workspace, fmt)
 
 
@@ -357,7 +375,7 @@ def _decrypt(rows: list[tuple], keyring) -> tuple[list[tuple], list[tuple], int]
 
     kept, creds, bad = [], [], 0
     for r in rows:
-        user_enc, pw_enc = r[11], r[12]
+        user_enc, pw_enc = r[-2], r[-1]
         try:
             creds.append((keyring.decrypt(user_enc) if user_enc else None,
                           keyring.decrypt(pw_enc) if pw_enc else None))
