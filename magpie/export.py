@@ -271,7 +271,7 @@ class _Formatter:
         else:
             lines = [_json_line(r, c) for r, c in zip(rows, creds)]
         if fmt == "jsonl":
-            return "".join(f"{line}\n" for line in lines)
+            return "\n".join(lines) + "\n" if lines else ""
         text = ",\n".join(lines)
         if not lines:
             return ""
