@@ -8,8 +8,8 @@ the result part alone. Nothing else in magpie spells these fields.
 Entry fields (all ``str``; ``""`` means ``None``): ``route_id``, ``route_hash``, ``alive``
 (``"1"``/``"0"``), ``latency_ms`` (milliseconds), ``status``, ``attempts``, ``error``, ``body``,
 ``anonymity``, ``judge``, ``checked_at_ms`` (Unix time in ms), and, only when the judge echoed one,
-``exit_ip`` (the address the judge saw; optional, so entries written before it existed still read). An entry moved back from the dead-letter
-stream (``magpie stats redrive``) also carries ``origin_id``, the id it was first published under: the
+``exit_ip`` (the address the judge saw; optional, so entries written before it existed still read).
+An entry moved back from the dead-letter stream (``magpie stats redrive``) also carries ``origin_id``, the id it was first published under: the
 replay ledger and ``check_history.stream_id`` record that id (:attr:`StreamEntry.ledger_id`), so an entry
 applied once is never applied again, however often it is redriven.
 

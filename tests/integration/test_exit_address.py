@@ -169,3 +169,11 @@ def test_without_geoip_at_ingestion_the_job_enriches_the_exit(exit_lab, db, geo_
     assert out["status"] == "ok" and out["result"]["exits_enriched"] == 1 and out["result"]["complete"], out
     assert _health(db) == (ENTRY, EXIT, "NL", 64510, True, True)
     assert run_job("geo_enrichment", s, engine=db, redis=redis_client)["result"]["exits_enriched"] == 0
+
+
+def test_the_rotator_exit_country_filter_is_checked():
+    from magpie.rotator.service import RotatorError, check_filters
+
+    assert check_filters({"exit_country": "nl, de"}) == {"exit_country": ["NL", "DE"]}
+    with pytest.raises(RotatorError, match="filter exit_country: expected two-letter country codes"):
+        check_filters({"exit_country": "Netherlands"})
