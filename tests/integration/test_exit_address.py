@@ -177,3 +177,27 @@ def test_the_rotator_exit_country_filter_is_checked():
     assert check_filters({"exit_country": "nl, de"}) == {"exit_country": ["NL", "DE"]}
     with pytest.raises(RotatorError, match="filter exit_country: expected two-letter country codes"):
         check_filters({"exit_country": "Netherlands"})
+
+
+def test_the_check_pool_publishes_the_exit_address(exit_lab, redis_client, redis_prefix):
+    from magpie.checker.engine import CheckEngine
+    from magpie.checkpool import CheckPool
+    from magpie.queue import Payload, QueueKeys, RouteQueue
+    from magpie.queue.completion import StreamTarget
+
+    q = RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
+    h = "e" * 24
+    q.schedule([(h, Payload(1, Route("http", ENTRY, exit_lab[1]), h, [1]).encode())])
+    shard = q.keys.shard_of(h)
+    q.r.zadd(shard, {h: 1000})
+    q.r.zadd(q.keys.heads, {shard: 1000})
+    key = redis_prefix + "results"
+    pool = CheckPool(q, CheckEngine(exit_lab[0], timeout=5.0, attempts=1), StreamTarget(key, "g", 1000, "evict_oldest"),
+                     capacity=10, renew_below_ms=0, complete_interval=0.05).start()
+    try:
+        assert pool.submit(q.pop(1)) == 1
+        assert pool.wait_idle(15)
+    finally:
+        pool.close()
+    [(_sid, fields)] = redis_client.xrange(key)
+    assert fields[b"alive"] == b"1" and fields[b"exit_ip"] == EXIT.encode()
