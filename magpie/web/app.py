@@ -90,8 +90,9 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
     app.state.login_log = FailureLog(log, "dashboard: failed sign-ins")
     app.state.resolve = socket.getaddrinfo  # name resolution of import URLs (tests give a stub)
     app.include_router(program.router)
-    app.include_router(api.router, dependencies=[Depends(api.dashboard_scope)])
-    app.include_router(bulk.router, dependencies=[Depends(api.dashboard_scope)])
+    limited = {429: program.AUTH_REFUSALS[429]}  # any bearer token is rate limited, MAGPIE_WEB_TOKEN too
+    app.include_router(api.router, dependencies=[Depends(api.dashboard_scope)], responses=limited)
+    app.include_router(bulk.router, dependencies=[Depends(api.dashboard_scope)], responses=limited)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(packages=[("magpie.web", "static")]), name="static")
 
@@ -136,22 +137,24 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
         presented = bearer(request.headers.get("authorization"))
         if presented is None:
             return None
+        d = request.app.state.dashboard
+        conf = d.settings
         if token_matches(settings.web_token, presented):
             principal = WEB_ADMIN
         elif presented.startswith(SECRET_PREFIX):
             try:
-                principal = await run_in_threadpool(authenticate, dash.engine, presented)
+                principal = await run_in_threadpool(authenticate, d.engine, presented)
             except TokenRefused as exc:
                 return JSONResponse({"ok": False, "refused": exc.code, "detail": exc.detail, "member": None},
                                     status_code=401)
         else:
             return None  # not an API token: the dashboard's own token checks answer
-        wait = await run_in_threadpool(take, dash.redis, settings.redis_prefix, principal.key, principal.role,
-                                       rate=settings.api_rate, burst=settings.api_burst)
+        wait = await run_in_threadpool(take, d.redis, conf.redis_prefix, principal.key, principal.role,
+                                       rate=conf.api_rate, burst=conf.api_burst)
         if wait is not None:
             return JSONResponse({"ok": False, "refused": "rate_limited", "member": None,
-                                 "detail": f"rate limit of {settings.api_rate:g} requests/s (burst "
-                                           f"{settings.api_burst}) reached: retry in {wait:.3f} s"},
+                                 "detail": f"rate limit of {conf.api_rate:g} requests/s (burst "
+                                           f"{conf.api_burst}) reached: retry in {wait:.3f} s"},
                                 status_code=429, headers={"Retry-After": str(max(1, math.ceil(wait)))})
         request.state.principal = principal
         return None

@@ -185,9 +185,7 @@ def api_route(route_hash: HASH, d: Dash, p: Reader, history: Annotated[int, Quer
 def _cursor(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
-    us, sep, rid = text.partition(":")
-    if not sep or not us.isdigit() or not rid.isdigit() or len(us) > 18 or len(rid) > 18:
-        raise HTTPException(422, "bad cursor: pass next_cursor of the previous page")
+    us, _, rid = text.partition(":")  # the query pattern checked the form
     return int(us), int(rid)
 
 
@@ -195,7 +193,7 @@ def _cursor(text: str | None) -> tuple[int, int] | None:
             summary="A route's check history (check_history), newest first, a page at a time")
 def api_route_history(route_hash: HASH, d: Dash, p: Reader,
                       limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-                      cursor: Annotated[str | None, Query(max_length=40, pattern=r"^[0-9]*:?[0-9]*$",
+                      cursor: Annotated[str | None, Query(max_length=40, pattern=r"^[0-9]{1,18}:[0-9]{1,18}$",
                                                           description="next_cursor of the previous page")] = None):
     before = _cursor(cursor)
     row = _visible_route(d, p, route_hash)
@@ -212,6 +210,14 @@ def api_route_history(route_hash: HASH, d: Dash, p: Reader,
 
 
 # -- imports --------------------------------------------------------------------------------------------
+class Problem(BaseModel):
+    """A request the API could not carry out: ``detail`` (one line, or the validation errors) and, when
+    an import job was recorded, its ``job`` id."""
+
+    detail: str | list
+    job: str | None = None
+
+
 class ImportFromUrl(BaseModel):
     """Fetch the list from ``source_url`` (http or https, no credentials) through the egress guard."""
 
@@ -312,8 +318,8 @@ class _FetchFailed(Exception):
 
 @router.post("/imports", response_model=ImportJob, status_code=201, summary="Import a proxy list",
              openapi_extra={"requestBody": _BODY},
-             responses={413: {"model": Missing, "description": "The list is over MAGPIE_API_IMPORT_MAX_BYTES"},
-                        422: {"model": Missing, "description": "Bad parameters, or source_url failed"}})
+             responses={413: {"model": Problem, "description": "The list is over MAGPIE_API_IMPORT_MAX_BYTES"},
+                        422: {"model": Problem, "description": "Bad parameters, or source_url failed"}})
 async def api_import(
     request: Request,
     d: Dash,
@@ -333,6 +339,8 @@ async def api_import(
     if not ws:
         raise HTTPException(422, "workspace is required (this token has none of its own)")
     body = await _read_body(request, settings.api_import_max_bytes)
+    if not body:
+        raise HTTPException(422, 'the body must be the proxy list, or JSON {"source_url": "http(s)://..."}')
     ctype = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     source_url = None
     if ctype == "application/json":

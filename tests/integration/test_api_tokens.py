@@ -314,7 +314,7 @@ def test_route_and_history_pages_are_scoped(client, db, tokens):
     assert client.get(f"/api/routes/{other}", headers=read).status_code == 404
     assert client.get(f"/api/routes/{other}/history", headers=read).status_code == 404
     assert client.get(f"/api/routes/{other}/history", headers=bearer(tokens["admin"])).status_code == 200
-    assert client.get(f"/api/routes/{h}/history", params={"cursor": "x"}, headers=read).status_code == 422
+    assert client.get(f"/api/routes/{h}/history", params={"cursor": "12:x"}, headers=read).status_code == 422
 
 
 # -- rate limit ---------------------------------------------------------------------------------------
