@@ -120,7 +120,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
             if not ok:
                 if _wants_json(request):
                     return JSONResponse({"ok": False, "refused": "token_required", "member": None,
-                                         "detail": "reads need the MAGPIE_WEB_TOKEN token on this address"},
+                                         "detail": "reads need a token on this address (MAGPIE_WEB_TOKEN or an API token)"},
                                         status_code=401)
                 return RedirectResponse("/login", status_code=303)
         response = await call_next(request)
