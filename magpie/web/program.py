@@ -375,7 +375,7 @@ async def api_import(
                    finished_at=datetime.now(timezone.utc))
         await run_in_threadpool(_save_job, d, job)
         return JSONResponse({"detail": job["error"], "job": job["id"]}, status_code=422)
-    except BaseException:
+    except Exception:  # storage failures answer 503 through the app's handlers, the job says failed
         job.update(status="failed", error="the import failed (see the magpie web log)",
                    finished_at=datetime.now(timezone.utc))
         await run_in_threadpool(_save_job, d, job)
