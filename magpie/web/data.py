@@ -286,4 +286,5 @@ def deliveries(engine: Engine, limit: int = 50) -> list[dict]:
 
 __all__ = ["ALIVE", "ANONYMITY", "PROTOCOLS", "RouteFilter", "deliveries", "incidents", "is_route_hash",
            "list_routes",
-           "list_routes_after", "history_page", "route_by_hash", "route_history", "routes_by_hashes", "target_origin", "workspaces"]
+           "list_routes_after", "history_page", "route_by_hash", "route_history", "routes_by_hashes",
+           "target_origin", "workspaces"]
