@@ -418,6 +418,30 @@ class Settings(BaseSettings):
     web_page_size: int = Field(100, alias="MAGPIE_WEB_PAGE_SIZE", ge=10, le=1000)
     """Rows per page of the dashboard's route and dead-letter lists."""
 
+    # --- settings: the program API (/api, API tokens) ---
+    api_rate: float = Field(20.0, alias="MAGPIE_API_RATE", gt=0, le=100_000)
+    """Requests per second each API token may send on average (a token bucket per token, kept in Redis)."""
+    api_burst: int = Field(40, alias="MAGPIE_API_BURST", ge=1, le=1_000_000)
+    """Requests a token may send at once before ``MAGPIE_API_RATE`` paces it (the bucket's size)."""
+    api_import_max_bytes: int = Field(16 * 1024 * 1024, alias="MAGPIE_API_IMPORT_MAX_BYTES", ge=1024,
+                                      le=1024 * 1024 * 1024)
+    """Largest proxy list ``POST /api/imports`` takes, as a request body or fetched from a URL (bytes)."""
+    api_fetch_timeout: float = Field(30.0, alias="MAGPIE_API_FETCH_TIMEOUT", gt=0, le=600)
+    """Seconds an import's ``source_url`` may take, connecting and reading the whole list."""
+    api_fetch_allow_private: str = Field("false", alias="MAGPIE_API_FETCH_ALLOW_PRIVATE")
+    """Non-public addresses an import's ``source_url`` may resolve to, as ``MAGPIE_CHECK_ALLOW_PRIVATE``
+    takes them (``false``, ``true`` or CIDRs such as ``127.0.0.0/8``)."""
+
+    @field_validator("api_fetch_allow_private", mode="before")
+    @classmethod
+    def _api_fetch_allow(cls, v):
+        from magpie.egress import parse_allow
+
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        parse_allow(v)
+        return v
+
     # --- settings: observability (logs, probes) ---
     log_format: Literal["text", "json"] = Field("text", alias="MAGPIE_LOG_FORMAT")
     """Log lines of workers, beat and the CLI: ``text`` (Celery's format) or ``json`` (one object a line)."""

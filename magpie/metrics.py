@@ -156,6 +156,9 @@ class MagpieCollector:
         from magpie.judges.metrics import cache_families
 
         yield from cache_families(r, prefix)
+        from magpie.apitokens.ratelimit import families as api_families
+
+        yield from api_families(r, prefix)
 
     @staticmethod
     def _leaders(r: redis_lib.Redis, prefix: str) -> GaugeMetricFamily:
