@@ -32,6 +32,8 @@ import magpie.enrich.models  # noqa: E402,F401
 import magpie.derived.models  # noqa: E402,F401
 # models: rotators
 import magpie.rotator.models  # noqa: E402,F401
+# models: proxy-list sources
+import magpie.sources.models  # noqa: E402,F401
 
 config = context.config
 target_metadata = Base.metadata
