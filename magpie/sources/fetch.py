@@ -292,8 +292,14 @@ def fetch(url: str, opts: FetchOptions, *, policy: EgressPolicy, robots: RobotsC
     first_origin = _origin(url)
     for hop in range(opts.max_redirects + 1):
         shown = shown_url(current)
-        if opts.robots and not robots_allow(current, policy=policy, deadline=deadline, cache=robots,
-                                            resolve=resolve):
+        try:
+            allowed = not opts.robots or robots_allow(current, policy=policy, deadline=deadline, cache=robots,
+                                                      resolve=resolve)
+        except FetchFailed as exc:
+            if hop and "egress guard" in str(exc):
+                raise FetchFailed(f"redirect to {shown} refused: {exc}") from None
+            raise
+        if not allowed:
             raise FetchFailed(f"{shown} is disallowed by robots.txt (add the source with --ignore-robots "
                               "to fetch it anyway)")
         headers = {}
