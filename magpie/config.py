@@ -491,6 +491,8 @@ class Settings(BaseSettings):
     """Seconds one source fetch may take in all (robots.txt, redirects, the body; a browser render)."""
     source_max_redirects: int = Field(5, alias="MAGPIE_SOURCE_MAX_REDIRECTS", ge=0, le=20)
     """Redirects one source fetch follows (each one through the egress guard)."""
+    source_max_pages: int = Field(10, alias="MAGPIE_SOURCE_MAX_PAGES", ge=1, le=1000)
+    """Pages of a paged list one fetch follows (``rel="next"`` links; 1: the first page only)."""
     source_dead_letter_after: int = Field(5, alias="MAGPIE_SOURCE_DEAD_LETTER_AFTER", ge=1, le=1000)
     """Failed fetches in a row after which a source is dead-lettered (off the schedule until refreshed)."""
     source_backoff_base: float = Field(60.0, alias="MAGPIE_SOURCE_BACKOFF_BASE", gt=0, le=DAY)

@@ -11,6 +11,12 @@ A fetch has one deadline (``MAGPIE_SOURCE_FETCH_TIMEOUT``, seconds, for everythi
 (``MAGPIE_SOURCE_MAX_BYTES``) on the body. ``ETag`` / ``Last-Modified`` of the previous good reply are sent
 back (``If-None-Match`` / ``If-Modified-Since``); ``304`` means nothing to import.
 
+**Paged lists**: a reply that names a next page (an HTTP ``Link: <...>; rel="next"`` header, or an HTML
+``<a rel="next" href>`` / ``<link rel="next" href>``) is followed, page by page, up to
+``MAGPIE_SOURCE_MAX_PAGES`` pages in all, each page a fetch of its own (guard, robots.txt, redirects) within
+the same deadline, with the size bound over all pages together; a page seen before ends the walk. The bodies
+are joined with newlines. Only the first page is asked conditionally: its ``304`` means nothing to import.
+
 robots.txt of each origin is read (through the same guard, within the same deadline) and obeyed for the
 user agent ``magpie-sources`` unless the source says ``--ignore-robots``: 401/403 forbid everything, other
 4xx allow everything, 5xx or a network error fail the fetch (retried later). Parsed files are kept in a
@@ -20,6 +26,7 @@ bounded LRU cache with a TTL (``MAGPIE_SOURCE_ROBOTS_CACHE_SIZE``, ``MAGPIE_SOUR
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import threading
 import time
@@ -58,6 +65,9 @@ class Fetched:
     url: str = ""
     redirects: int = 0
     content_type: str | None = None
+    final: str = ""
+    link: str | None = None
+    pages: int = 1
 
     @property
     def not_modified(self) -> bool:
@@ -325,13 +335,69 @@ def fetch(url: str, opts: FetchOptions, *, policy: EgressPolicy, robots: RobotsC
             current = nxt
             continue
         if reply.status == 304:
-            return Fetched(304, b"", opts.etag, opts.last_modified, shown, hop)
+            return Fetched(304, b"", opts.etag, opts.last_modified, shown, hop, final=current)
         if not 200 <= reply.status < 300:
             raise FetchFailed(f"{shown} answered HTTP {reply.status}")
         return Fetched(reply.status, reply.body, reply.headers.get("etag"), reply.headers.get("last-modified"),
-                       shown, hop, reply.headers.get("content-type"))
+                       shown, hop, reply.headers.get("content-type"), current, reply.headers.get("link"))
     raise FetchFailed(f"{shown_url(url)}: more than {opts.max_redirects} redirects (MAGPIE_SOURCE_MAX_REDIRECTS)")
 
 
-__all__ = ["Deadline", "FetchFailed", "FetchOptions", "Fetched", "RobotsCache", "fetch", "policy_of",
+_LINK_NEXT = re.compile(r'<([^>]+)>\s*;[^,]*?rel\s*=\s*"?(?:[^",]*\s)?next(?:\s[^",]*)?"?', re.IGNORECASE)
+_TAG = re.compile(r"<(?:a|link)\b[^>]*>", re.IGNORECASE)
+_ATTR = re.compile(r'([a-z-]+)\s*=\s*(?:"([^"]*)"|\'([^\']*)\'|([^\s>]+))', re.IGNORECASE)
+
+
+def next_page(body: bytes, link_header: str | None, base: str) -> str | None:
+    """The absolute URL of the next page a reply names (``Link`` header ``rel="next"``, else an HTML
+    ``<a>``/``<link>`` with ``rel`` holding ``next``), or None."""
+    import html
+
+    if link_header:
+        m = _LINK_NEXT.search(link_header)
+        if m:
+            return urljoin(base, m.group(1).strip())
+    head = body[:2 * 1024 * 1024].decode("utf-8", "replace")
+    if "next" not in head.lower():
+        return None
+    for tag in _TAG.findall(head):
+        attrs = {k.lower(): html.unescape(a or b or c) for k, a, b, c in _ATTR.findall(tag)}
+        if "next" in attrs.get("rel", "").lower().split() and attrs.get("href"):
+            return urljoin(base, attrs["href"].strip())
+    return None
+
+
+def fetch_pages(url: str, opts: FetchOptions, *, policy: EgressPolicy, robots: RobotsCache | None = None,
+                max_pages: int = 1, resolve=socket.getaddrinfo) -> Fetched:
+    """:func:`fetch` of ``url`` and of the next pages it names, up to ``max_pages`` pages (module docstring).
+
+    Returns one :class:`Fetched`: the first page's status and validators, the joined bodies, ``pages``
+    fetched in ``extra["pages"]``. Raises :class:`FetchFailed` as :func:`fetch` does, for any page."""
+    deadline = Deadline.after(opts.timeout)
+    robots = robots or RobotsCache()
+    first = fetch(url, opts, policy=policy, robots=robots, resolve=resolve, deadline=deadline)
+    first.pages = 1
+    if first.not_modified or max_pages <= 1:
+        return first
+    bodies, size, seen = [first.body], len(first.body), {url}
+    current, body, link = first.final, first.body, first.link
+    while first.pages < max_pages:
+        nxt = next_page(body, link, current)
+        if nxt is None or nxt in seen:
+            break
+        seen.add(nxt)
+        rest = FetchOptions(opts.max_bytes - size, opts.timeout, opts.max_redirects, opts.robots)
+        if rest.max_bytes <= 0:
+            raise FetchFailed(f"{shown_url(url)}: pages are larger than {opts.max_bytes} bytes "
+                              "(MAGPIE_SOURCE_MAX_BYTES)")
+        page = fetch(nxt, rest, policy=policy, robots=robots, resolve=resolve, deadline=deadline)
+        bodies.append(page.body)
+        size += len(page.body) + 1
+        first.pages += 1
+        current, body, link = page.final, page.body, page.link
+    first.body = b"\n".join(bodies)
+    return first
+
+
+__all__ = ["Deadline", "fetch_pages", "next_page", "FetchFailed", "FetchOptions", "Fetched", "RobotsCache", "fetch", "policy_of",
            "request", "robots_allow", "robots_cache"]

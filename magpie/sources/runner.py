@@ -100,7 +100,7 @@ def fetch_source(src: dict, settings):
     """Fetch one source row (as :func:`_load` reads it): a :class:`magpie.sources.fetch.Fetched`.
     Raises :class:`magpie.sources.fetch.FetchFailed`."""
     from magpie.crypto import get_keyring
-    from magpie.sources.fetch import FetchOptions, fetch, policy_of, robots_cache
+    from magpie.sources.fetch import FetchOptions, fetch_pages, policy_of, robots_cache
 
     url = get_keyring(settings.encryption_key).decrypt(src["url_enc"])
     conditional = src["last_status"] in ("ok", "not_modified")
@@ -112,7 +112,8 @@ def fetch_source(src: dict, settings):
 
         return render(url, opts, policy=policy_of(settings), robots=robots_cache(settings),
                       executable=settings.source_chromium, pages=settings.source_browser_pages)
-    return fetch(url, opts, policy=policy_of(settings), robots=robots_cache(settings))
+    return fetch_pages(url, opts, policy=policy_of(settings), robots=robots_cache(settings),
+                       max_pages=settings.source_max_pages)
 
 
 def _link(engine, source_id: int, route_ids: list[int]) -> None:
@@ -174,7 +175,7 @@ def process(lease, sched: RouteQueue, settings, engine, route_queue) -> dict:
                  "inv": None if report is None else len(report.invalid)})
         out = {"id": sid, "status": status}
         if report is not None:
-            out.update(imported=report.imported, valid=report.valid)
+            out.update(imported=report.imported, valid=report.valid, pages=got.pages)
         return out
     failures = int(src["consecutive_failures"]) + 1
     dead = failures >= settings.source_dead_letter_after

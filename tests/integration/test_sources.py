@@ -76,6 +76,16 @@ class Site:
             return web.Response(body=b"127.0.0.1:80\n" * 100_000)
         if path == "/to-private":
             raise web.HTTPFound("http://10.0.0.1:8080/list.txt")
+        if path.startswith("/paged/"):
+            n = int(path.rsplit("/", 1)[1])
+            lines = f"127.0.52.{n}:8080\n"
+            if n == 1:  # an HTTP Link header names the next page
+                return web.Response(text=lines, headers={"Link": '</paged/2>; rel="next", </paged/1>; rel="first"'})
+            if n < 5:  # an HTML anchor does; the last page links back to the first
+                nxt = n + 1 if n < 4 else 1
+                return web.Response(content_type="text/html", text=(
+                    f"<html><body><pre>\n{lines}</pre><a class=x rel='next' href='/paged/{nxt}'>more</a>"
+                    "</body></html>"))
         if path == "/hop":
             raise web.HTTPFound("/list.txt")
         if path == "/auth.txt":
@@ -137,6 +147,16 @@ def test_plain_list_is_imported_linked_and_then_not_modified(s, db, redis_client
     assert list_sources(db)[0]["last_status"] == "not_modified"
     # the completed lease put the source an `every` ahead: nothing due now
     assert run_due(s, db, redis_client, q)["claimed"] == 0
+
+
+def test_paged_lists_are_followed_up_to_the_bound(s, db, redis_client, q, site):
+    src = add_source(db, s, f"{site.url}/paged/1", "alpha", 3600)
+    res = _refresh(s, db, redis_client, q, src["id"])
+    assert (res["status"], res["pages"], res["valid"]) == ("ok", 4, 4)  # page 4 links back to 1: the walk ends
+    bounded = s.model_copy(update={"source_max_pages": 2})
+    other = add_source(db, s, f"{site.url}/paged/1", "beta", 3600)
+    res = refresh_now(bounded, db, redis_client, other["id"], route_queue=q, wait=10)
+    assert (res["status"], res["pages"], res["valid"]) == ("ok", 2, 2)
 
 
 def test_robots_txt_is_obeyed_unless_ignored(s, db, redis_client, q, site):

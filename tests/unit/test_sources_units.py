@@ -68,3 +68,14 @@ def test_beat_entry_keys_and_backoff():
     from magpie.celery_config import build
 
     assert build(s)["beat_schedule"]["fetch-sources"]["task"] == TASK
+
+
+def test_next_page_from_a_link_header_or_html():
+    from magpie.sources.fetch import next_page
+
+    assert next_page(b"", '<https://h/p?page=2>; rel="next", <https://h/p?page=9>; rel="last"', "https://h/p") \
+        == "https://h/p?page=2"
+    assert next_page(b"", '</a>; rel="prev"', "https://h/p") is None
+    html = b'<a href="/x">x</a> <a rel="nofollow next" href="?page=3&amp;s=1">next</a>'
+    assert next_page(html, None, "https://h/list?page=2") == "https://h/list?page=3&s=1"
+    assert next_page(b"127.0.0.1:80\n", None, "https://h/") is None
