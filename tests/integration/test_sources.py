@@ -277,7 +277,7 @@ def test_sources_commands(cli, db, site):
 
 @pytest.mark.slow
 def test_a_script_built_list_is_rendered_in_chromium(s, db, redis_client, q, site):
-    from magpie.sources.browser import close_thread_browser, unavailable
+    from magpie.sources.browser import close_browser_pool, unavailable
 
     why = unavailable(s.source_chromium)
     if why:
@@ -286,8 +286,7 @@ def test_a_script_built_list_is_rendered_in_chromium(s, db, redis_client, q, sit
     plain = _refresh(s, db, redis_client, q, add_source(db, s, f"{site.url}/js.html", "beta", 3600)["id"])
     assert plain.get("valid", 0) == 0  # without rendering, the page holds no list
     try:
-        res = refresh_now(s.model_copy(update={"source_concurrency": 1}), db, redis_client, src["id"],
-                          route_queue=q, wait=30)
+        res = refresh_now(s, db, redis_client, src["id"], route_queue=q, wait=30)
     finally:
-        close_thread_browser()
+        close_browser_pool()
     assert res["status"] == "ok" and res["valid"] == 3, res
