@@ -48,9 +48,8 @@ def schedule_keys(settings) -> QueueKeys:
 
 def source_schedule(settings, client) -> RouteQueue:
     """The source schedule on redis-py ``client`` (the route-schedule scripts, its own keys). Its own
-    interval (1 s) only spreads the first due times of sources added together; each completion passes the
-    source's ``every``."""
-    return RouteQueue(client, schedule_keys(settings), interval_ms=1000,
+    interval (1 ms) makes a new source due at once; each completion passes the source's ``every``."""
+    return RouteQueue(client, schedule_keys(settings), interval_ms=1,
                       lease_ms=int(settings.source_lease * 1000), max_stalled=3)
 
 

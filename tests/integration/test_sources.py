@@ -244,8 +244,14 @@ def cli(s, monkeypatch):
     get_settings.cache_clear()
     runner = CliRunner()
 
-    def run(*args, code=0):
+    def run(*args, code=0, env=None):
+        for k, v in (env or {}).items():
+            monkeypatch.setenv(k, v)
+        get_settings.cache_clear()
         res = runner.invoke(main, list(args), catch_exceptions=False)
+        for k in env or {}:
+            monkeypatch.delenv(k)
+        get_settings.cache_clear()
         assert res.exit_code == code, res.output
         return res
 
@@ -264,11 +270,16 @@ def test_sources_commands(cli, db, site):
     refused = cli("sources", "add", "http://10.0.0.1/x", "-w", "a", code=2).output
     assert "10.0.0.1 is private" in refused and len(refused.strip().splitlines()) == 1
     assert "source %d: ok: 2 routes, 2 new" % sid in cli("sources", "refresh", str(sid)).stdout
+    listed = json.loads(cli("sources", "list", "--json").stdout)["sources"]
+    assert listed[0]["last_status"] == "ok" and listed[0]["last_fetch_at"]
     table = cli("sources", "list").stdout
     assert "alpha" in table and "pw-secret" not in table and "***@127.0.0.1" in table
     stats = json.loads(cli("stats", "list-sources", "--json").stdout)
     assert [(r["id"], r["routes"], r["alive"]) for r in stats] == [(sid, 2, 0)]
     assert "proxy-list source statistics" in cli("stats", "list-sources").stdout
+    missing = cli("sources", "add", f"{site.url}/js.html", "-w", "alpha", "--browser", code=2,
+                  env={"MAGPIE_SOURCE_CHROMIUM": "/nonexistent/chromium"}).output
+    assert "--browser needs Chromium at /nonexistent/chromium" in missing and len(missing.strip().splitlines()) == 1
     assert "no source 999" in cli("sources", "refresh", "999", code=2).output
     cli("sources", "remove", str(sid))
     assert "no source" in cli("sources", "remove", str(sid), code=2).output
@@ -290,3 +301,16 @@ def test_a_script_built_list_is_rendered_in_chromium(s, db, redis_client, q, sit
     finally:
         close_browser_pool()
     assert res["status"] == "ok" and res["valid"] == 3, res
+
+
+def test_the_beat_task_claims_due_sources_and_fetches_them(s, db, redis_client, q, site, monkeypatch):
+    from magpie import runtime, tasks
+
+    s = s.model_copy(update={"source_backoff_base": 60.0, "source_backoff_cap": 60.0})
+    for name, value in (("settings", s), ("engine", db), ("redis_client", redis_client), ("route_queue", q)):
+        monkeypatch.setattr(runtime, name, lambda v=value: v)
+    add_source(db, s, f"{site.url}/list.txt", "alpha", 3600)
+    add_source(db, s, f"{site.url}/nope.txt", "alpha", 3600)
+    out = tasks.maintenance_fetch_sources()
+    assert (out["claimed"], out["ok"], out["error"], out["imported"]) == (2, 1, 1, 2)
+    assert tasks.maintenance_fetch_sources()["claimed"] == 0  # nothing due: one every, one backoff, ahead
