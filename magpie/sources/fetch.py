@@ -31,7 +31,7 @@ import socket
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from urllib.robotparser import RobotFileParser
 
@@ -56,7 +56,8 @@ class FetchFailed(MagpieError, RuntimeError):
 class Fetched:
     """Outcome of a fetch: ``status`` (HTTP status of the final reply: 200.., or 304), ``body`` (empty
     for a 304), ``etag`` / ``last_modified`` (validators of the reply, None when absent), ``url`` (the
-    final URL, redacted) and ``redirects`` followed."""
+    final URL, redacted), ``redirects`` followed, ``content_type``, ``final`` (the final URL as fetched,
+    for resolving links), ``link`` (its ``Link`` header) and ``pages`` read (:func:`fetch_pages`)."""
 
     status: int
     body: bytes = b""
@@ -168,8 +169,9 @@ def request(url: str, *, policy: EgressPolicy, deadline: Deadline, max_bytes: in
         try:
             while True:
                 left = deadline.left(shown)
-                if resp.connection is not None and resp.connection.sock is not None:
-                    resp.connection.sock.settimeout(left)
+                sock = getattr(getattr(resp, "connection", None), "sock", None)
+                if sock is not None:  # each read waits at most until the deadline
+                    sock.settimeout(left)
                 chunk = resp.read1(65536)
                 if not chunk:
                     break
@@ -282,7 +284,6 @@ class FetchOptions:
     robots: bool = True
     etag: str | None = None
     last_modified: str | None = None
-    extra: dict = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings, **kw) -> "FetchOptions":
@@ -371,8 +372,8 @@ def fetch_pages(url: str, opts: FetchOptions, *, policy: EgressPolicy, robots: R
                 max_pages: int = 1, resolve=socket.getaddrinfo) -> Fetched:
     """:func:`fetch` of ``url`` and of the next pages it names, up to ``max_pages`` pages (module docstring).
 
-    Returns one :class:`Fetched`: the first page's status and validators, the joined bodies, ``pages``
-    fetched in ``extra["pages"]``. Raises :class:`FetchFailed` as :func:`fetch` does, for any page."""
+    Returns one :class:`Fetched`: the first page's status and validators, the joined bodies and the
+    number of ``pages`` fetched. Raises :class:`FetchFailed` as :func:`fetch` does, for any page."""
     deadline = Deadline.after(opts.timeout)
     robots = robots or RobotsCache()
     first = fetch(url, opts, policy=policy, robots=robots, resolve=resolve, deadline=deadline)
