@@ -504,6 +504,52 @@ class Settings(BaseSettings):
     blacklist_fetch_timeout: float = Field(30.0, alias="MAGPIE_BLACKLIST_FETCH_TIMEOUT", gt=0, le=600)
     """Seconds for connecting to and for reading from a blacklist URL."""
 
+    # --- settings: proxy-list sources ---
+    source_allow_private: str = Field("false", alias="MAGPIE_SOURCE_ALLOW_PRIVATE")
+    """Non-public addresses proxy-list source URLs (and their redirects) may resolve to, as
+    ``MAGPIE_CHECK_ALLOW_PRIVATE`` takes them (``false``, ``true`` or CIDRs such as ``127.0.0.0/8``)."""
+    source_max_bytes: int = Field(16 * 1024 * 1024, alias="MAGPIE_SOURCE_MAX_BYTES", ge=1024,
+                                  le=1024 * 1024 * 1024)
+    """Largest body one source fetch reads (bytes); a longer one fails that fetch."""
+    source_fetch_timeout: float = Field(30.0, alias="MAGPIE_SOURCE_FETCH_TIMEOUT", gt=0, le=600)
+    """Seconds one source fetch may take in all (robots.txt, redirects, the body; a browser render)."""
+    source_max_redirects: int = Field(5, alias="MAGPIE_SOURCE_MAX_REDIRECTS", ge=0, le=20)
+    """Redirects one source fetch follows (each one through the egress guard)."""
+    source_max_pages: int = Field(10, alias="MAGPIE_SOURCE_MAX_PAGES", ge=1, le=1000)
+    """Pages of a paged list one fetch follows (``rel="next"`` links; 1: the first page only)."""
+    source_dead_letter_after: int = Field(5, alias="MAGPIE_SOURCE_DEAD_LETTER_AFTER", ge=1, le=1000)
+    """Failed fetches in a row after which a source is dead-lettered (off the schedule until refreshed)."""
+    source_backoff_base: float = Field(60.0, alias="MAGPIE_SOURCE_BACKOFF_BASE", gt=0, le=DAY)
+    """Seconds before the first retry of a failed source fetch; each further failure doubles it."""
+    source_backoff_cap: float = Field(6 * HOUR, alias="MAGPIE_SOURCE_BACKOFF_CAP", gt=0, le=MONTH)
+    """Longest wait (seconds) between retries of a failing source."""
+    source_tick: float = Field(30.0, alias="MAGPIE_SOURCE_TICK", ge=0, le=DAY)
+    """Seconds between two beat triggers of the due-source fetch task (0: no beat entry)."""
+    source_batch: int = Field(8, alias="MAGPIE_SOURCE_BATCH", ge=1, le=1000)
+    """Due sources one trigger claims and fetches."""
+    source_concurrency: int = Field(4, alias="MAGPIE_SOURCE_CONCURRENCY", ge=1, le=64)
+    """Sources one trigger fetches at once (threads)."""
+    source_lease: float = Field(600.0, alias="MAGPIE_SOURCE_LEASE", ge=10, le=DAY)
+    """Seconds a claimed source stays leased to its fetcher (keep it above the fetch and import time)."""
+    source_robots_cache_size: int = Field(1024, alias="MAGPIE_SOURCE_ROBOTS_CACHE_SIZE", ge=1, le=1_000_000)
+    """Origins whose robots.txt a process keeps (least recently used leave first)."""
+    source_robots_ttl: float = Field(3600.0, alias="MAGPIE_SOURCE_ROBOTS_TTL", ge=1, le=MONTH)
+    """Seconds a fetched robots.txt is reused."""
+    source_browser_pages: int = Field(2, alias="MAGPIE_SOURCE_BROWSER_PAGES", ge=1, le=32)
+    """Pages a process renders at once in headless Chromium for ``--browser`` sources."""
+    source_chromium: str = Field("/usr/bin/chromium", alias="MAGPIE_SOURCE_CHROMIUM")
+    """Chromium executable ``--browser`` sources are rendered with (Playwright drives it)."""
+
+    @field_validator("source_allow_private", mode="before")
+    @classmethod
+    def _source_allow(cls, v):
+        from magpie.egress import parse_allow
+
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        parse_allow(v)
+        return str(v)
+
     @field_validator("enrich_allow_private", mode="before")
     @classmethod
     def _enrich_allow(cls, v):

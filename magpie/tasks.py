@@ -71,6 +71,17 @@ def maintenance_rebuild_schedule() -> dict:
     return rebuild_schedule(runtime.settings(), engine=runtime.engine(), queue=runtime.route_queue())
 
 
+@app.task(name="magpie.maintenance.fetch_sources", ignore_result=True)
+def maintenance_fetch_sources() -> dict:
+    """Beat-triggered: claim due proxy-list sources, fetch and import them (magpie.sources.runner.run_due);
+    returns the outcome counts."""
+    from magpie.sources.runner import run_due
+
+    out = run_due(runtime.settings(), runtime.engine(), runtime.redis_client(), runtime.route_queue())
+    out.pop("results")
+    return out
+
+
 # -- alerts, webhook delivery and the email outbox ------------------------------------------------------
 
 @app.task(name="magpie.alerts.evaluate", ignore_result=True)

@@ -34,6 +34,8 @@ import magpie.derived.models  # noqa: E402,F401
 import magpie.rotator.models  # noqa: E402,F401
 # models: API tokens
 import magpie.apitokens.models  # noqa: E402,F401
+# models: proxy-list sources
+import magpie.sources.models  # noqa: E402,F401
 
 config = context.config
 target_metadata = Base.metadata
