@@ -39,9 +39,12 @@ def judges() -> None:
 @click.option("--workspace", help="Add to this workspace's pool (default: the global pool).")
 @click.option("--rule", default="echo", show_default=True, help="Valid answer: echo, status or contains:<text>.")
 @click.option("--disabled", is_flag=True, help="Store it disabled (not used by checks).")
+@click.option("--rate", type=float, default=None,
+              help="Requests per second across the deployment (0: unlimited; default: MAGPIE_JUDGE_RATE).")
 @json_option
 @pass_state
-def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disabled: bool, as_json: bool) -> None:
+def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disabled: bool, rate: float | None,
+               as_json: bool) -> None:
     """Add the judge at URL (http or https)."""
     from magpie.judges.store import add_judge
 
@@ -50,10 +53,30 @@ def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disa
 
         guard = EgressPolicy(state.settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
         row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, egress=guard,
-                        **_changed(state))
+                        rate=rate, **_changed(state))
     _emit(as_json, row)
     if not as_json:
         click.echo(f"judge {row['id']} added: {row['url']} ({row['workspace'] or 'global'} pool)")
+
+
+@judges.command("rate")
+@click.argument("judge")
+@click.argument("rate")
+@click.option("--workspace", help="The pool the URL is in (default: the global pool).")
+@json_option
+@pass_state
+def judges_rate(state: CliState, judge: str, rate: str, workspace: str | None, as_json: bool) -> None:
+    """Set JUDGE's (id or URL) RATE: requests per second across the deployment, 0 unlimited, or
+    "default" for MAGPIE_JUDGE_RATE."""
+    from magpie.judges.store import set_judge_rate
+
+    with user_errors(ValueError):
+        row = set_judge_rate(state.engine, judge, None if rate == "default" else rate, workspace=workspace,
+                             **_changed(state))
+    _emit(as_json, row)
+    if not as_json:
+        shown = "default (MAGPIE_JUDGE_RATE)" if row["rate"] is None else f"{row['rate']:g}/s"
+        click.echo(f"judge {row['id']} rate: {shown}")
 
 
 @judges.command("remove")
