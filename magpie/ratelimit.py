@@ -68,7 +68,8 @@ def take_many(client: redis_lib.Redis, requests: list[tuple[str, float, float, i
     """Take tokens from several buckets in one pipelined round trip.
 
     Args:
-        requests: ``(key, rate tokens/s > 0, burst tokens >= 1, tokens wanted >= 0)`` per bucket.
+        requests: ``(key, rate tokens/s > 0, burst tokens >= 1, tokens wanted)`` per bucket; a negative
+            number hands that many unused tokens back (granted 0).
     Returns ``(granted, seconds until the next whole token)`` per request, in order.
     Raises ``redis.RedisError`` when Redis is unreachable; ``ValueError`` for a rate <= 0.
     """
@@ -322,6 +323,98 @@ class BlockLimiter:
             self._pool.shutdown(wait=False)
 
 
+class WorkspaceBudget:
+    """Checks per second per workspace, enforced where promote claims routes (:func:`magpie.cycle.promote`).
+
+    A claimed lease's owners are read from its payload (the clear ``w`` field); each limited owner's
+    bucket (``<prefix>ratelimit:workspace:<id>``) is asked for the batch's demand in one pipelined call.
+    A lease goes ahead when one owner is unlimited or pays a token; otherwise (every owner out of budget)
+    it is deferred until its owners' next token, at least ``min_defer_ms``. Tokens taken but not spent
+    (a route charged to one of several owners) are handed back.
+
+    Args:
+        client: Redis client. prefix: ``MAGPIE_REDIS_PREFIX``. default_rate: checks/s of a workspace
+            without an override (0: unlimited). rates: overrides ``{workspace id: checks/s}``.
+        min_defer_ms: shortest deferral.
+    """
+
+    def __init__(self, client: redis_lib.Redis, prefix: str, default_rate: float = 0.0,
+                 rates: dict[int, float] | None = None, *, min_defer_ms: int = 1000):
+        self.client, self.prefix = client, prefix
+        self.default_rate = float(default_rate)
+        self.rates = dict(rates or {})
+        self.min_defer_ms = int(min_defer_ms)
+        self.counts = EventCounts(client, prefix, "workspace")
+
+    @classmethod
+    def from_settings(cls, client: redis_lib.Redis, settings) -> WorkspaceBudget | None:
+        """The budget of ``MAGPIE_WORKSPACE_CHECK_RATE`` / ``MAGPIE_WORKSPACE_CHECK_RATES``; None when
+        neither limits anything."""
+        from magpie.config import parse_workspace_rates
+
+        rates = parse_workspace_rates(getattr(settings, "workspace_check_rates", ""))
+        default = float(getattr(settings, "workspace_check_rate", 0.0) or 0.0)
+        if default <= 0 and not any(r > 0 for r in rates.values()):
+            return None
+        return cls(client, settings.redis_prefix, default, rates)
+
+    def rate_of(self, workspace: int) -> float:
+        """Checks per second of ``workspace`` (0: unlimited)."""
+        return float(self.rates.get(workspace, self.default_rate))
+
+    @staticmethod
+    def owners(lease) -> list[int]:
+        """Workspace ids owning a lease's route, from its payload (empty when unreadable)."""
+        import json
+
+        try:
+            w = json.loads(lease.payload).get("w") or []
+            return [int(x) for x in w]
+        except (ValueError, TypeError, AttributeError):
+            return []
+
+    def admit(self, leases: list) -> tuple[list, list[tuple[object, int]]]:
+        """Split claimed ``leases`` into ``(go ahead, [(lease, defer ms)])`` (see the class doc).
+        Fails open (everything goes ahead) when Redis cannot be asked."""
+        owners = [self.owners(le) for le in leases]
+        demand: Counter[int] = Counter()
+        for ws in owners:
+            if ws and all(self.rate_of(w) > 0 for w in ws):
+                demand.update(ws)
+        if not demand:
+            return list(leases), []
+        order = sorted(demand)
+        try:
+            got = take_many(self.client, [(bucket_key(self.prefix, "workspace", str(w)), self.rate_of(w),
+                                           default_burst(self.rate_of(w)), demand[w]) for w in order])
+        except redis_lib.RedisError:
+            self.counts.add("unavailable")
+            return list(leases), []
+        left = {w: g for w, (g, _wait) in zip(order, got)}
+        wait = {w: s for w, (_g, s) in zip(order, got)}
+        go, defer = [], []
+        for le, ws in zip(leases, owners):
+            if not ws or not all(w in left for w in ws):
+                go.append(le)
+                continue
+            payer = next((w for w in ws if left[w] > 0), None)
+            if payer is not None:
+                left[payer] -= 1
+                go.append(le)
+            else:
+                defer.append((le, max(self.min_defer_ms, int(min(wait[w] for w in ws) * 1000))))
+        unused = [(bucket_key(self.prefix, "workspace", str(w)), self.rate_of(w), default_burst(self.rate_of(w)),
+                   -n) for w, n in left.items() if n > 0]
+        try:
+            take_many(self.client, unused)
+        except redis_lib.RedisError:
+            pass  # the tokens are lost for this second only
+        if defer:
+            self.counts.add("deferred", len(defer))
+        self.counts.flush()
+        return go, defer
+
+
 def judge_bucket_name(url: str) -> str:
     """Bucket name of the judge at ``url``: a digest, so no URL (nor a password in it) lands in a key."""
     import hashlib
@@ -329,5 +422,6 @@ def judge_bucket_name(url: str) -> str:
     return hashlib.sha256(url.encode()).hexdigest()[:24]
 
 
-__all__ = ["BlockLimiter", "EVENTS", "EventCounts", "KINDS", "TokenBucket", "bucket_key", "default_burst",
+__all__ = ["BlockLimiter", "EVENTS", "EventCounts", "KINDS", "TokenBucket", "WorkspaceBudget", "bucket_key",
+           "default_burst",
            "judge_bucket_name", "take_many"]
