@@ -98,7 +98,7 @@ class Dashboard:
         n = int(limit) if limit else self.settings.web_sample_keep
         try:
             points = history_points(read_snapshots(self.engine, n + 1))
-        except (sqlalchemy.exc.SQLAlchemyError, OSError):
+        except (sqlalchemy.exc.SQLAlchemyError, OSError):  # PostgreSQL away: the Redis ring still draws
             return []
         return points[-n:]
 
