@@ -575,7 +575,7 @@ class Settings(BaseSettings):
     ``--allowed-ports`` replaces it for that rotator)."""
 
 
-    # --- settings: rate limits (magpie.ratelimit) ---
+    # --- settings: rate limits, dashboard history ---
     judge_rate: float = Field(0.0, alias="MAGPIE_JUDGE_RATE", ge=0, le=1_000_000)
     """Requests per second a judge takes from the whole deployment, for judges whose own ``rate`` is not
     set (0: unlimited). A check out of tokens waits up to its deadline, then is retried, not recorded."""
