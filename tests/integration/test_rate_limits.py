@@ -329,3 +329,28 @@ def test_exporter_shows_rate_limit_counters(settings, redis_client):
     text = generate_latest(build_registry(settings, redis=redis_client)).decode()
     assert 'magpie_rate_limited_total{event="deferred",limiter="workspace"} 3.0' in text
     assert 'magpie_rate_limited_total{event="handed_back",limiter="judge"} 0.0' in text
+
+
+# -- where a judge's rate comes from ---------------------------------------------------------------------------
+
+def test_judge_rate_is_stored_read_by_checkers_and_falls_back_to_the_default(settings, db, redis_client):
+    from magpie.judges import store
+    from magpie.judges.checking import ProfiledEngine
+
+    a = store.add_judge(db, "http://127.0.0.1:9/a", rate=7)
+    b = store.add_judge(db, "http://127.0.0.1:9/b")
+    c = store.add_judge(db, "http://127.0.0.1:9/c", rate=0)
+    assert (a["rate"], b["rate"]) == (7.0, None)
+    assert store.set_judge_rate(db, str(b["id"]), "2.5")["rate"] == 2.5
+    assert store.set_judge_rate(db, str(b["id"]), None)["rate"] is None
+    with pytest.raises(ValueError, match="judge rate"):
+        store.set_judge_rate(db, str(b["id"]), "-1")
+    judges = {j.id: j for j in store.load_snapshot(db).judges}
+    lim = BlockLimiter(redis_client, settings.redis_prefix, "judge")
+    eng = ProfiledEngine(settings.model_copy(update={"judge_rate": 3.0}), cache=None, limiter=lim)
+    try:
+        got = {k: eng.engine_for(judges[j["id"]], 5.0, 1, None) for k, j in (("a", a), ("b", b), ("c", c))}
+        assert (got["a"].rate, got["b"].rate) == (7.0, 3.0)
+        assert got["a"].limiter is lim and got["c"].limiter is None  # 0: unlimited, no Redis at all
+    finally:
+        lim.close()
