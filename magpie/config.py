@@ -579,7 +579,7 @@ class Settings(BaseSettings):
     judge_rate: float = Field(0.0, alias="MAGPIE_JUDGE_RATE", ge=0, le=1_000_000)
     """Requests per second a judge takes from the whole deployment, for judges whose own ``rate`` is not
     set (0: unlimited). A check out of tokens waits up to its deadline, then is retried, not recorded."""
-    judge_rate_block: int = Field(64, alias="MAGPIE_JUDGE_RATE_BLOCK", ge=1, le=100_000)
+    judge_rate_block: int = Field(256, alias="MAGPIE_JUDGE_RATE_BLOCK", ge=1, le=100_000)
     """Most judge tokens a check process takes from Redis in one call."""
     workspace_check_rate: float = Field(0.0, alias="MAGPIE_WORKSPACE_CHECK_RATE", ge=0, le=10_000_000)
     """Checks per second promote claims for one workspace's routes (0: unlimited); a route over every

@@ -24,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,6 +47,7 @@ could not get one before its deadline, ``deferred`` a claim was put off, ``refus
 _FLUSH_EVERY_S = 1.0
 _WARN_EVERY_S = 60.0
 _MIN_POLL_S = 0.005
+_AHEAD_S = 0.05
 
 
 @functools.cache
@@ -52,6 +55,17 @@ def _script_text() -> str:
     from magpie.queue.scripts import LUA_DIR
 
     return (LUA_DIR / "token_bucket.lua").read_text(encoding="utf-8")
+
+
+_SCRIPTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _script_of(client: redis_lib.Redis):
+    """The bucket script registered on ``client`` (kept per client: registering costs more than a call)."""
+    script = _SCRIPTS.get(client)
+    if script is None:
+        script = _SCRIPTS[client] = client.register_script(_script_text())
+    return script
 
 
 def bucket_key(prefix: str, kind: str, name: str) -> str:
@@ -75,12 +89,18 @@ def take_many(client: redis_lib.Redis, requests: list[tuple[str, float, float, i
     """
     if not requests:
         return []
-    script = client.register_script(_script_text())
-    pipe = client.pipeline(transaction=False)
-    for key, rate, burst, want in requests:
+    script = _script_of(client)
+    for _key, rate, _burst, _want in requests:
         if not rate > 0:
             raise ValueError(f"rate must be > 0 tokens/s, got {rate!r}")
-        script(keys=[key], args=[repr(float(rate)), repr(max(1.0, float(burst))), int(want)], client=pipe)
+    calls = [([key], [repr(float(rate)), repr(max(1.0, float(burst))), int(want)])
+             for key, rate, burst, want in requests]
+    if len(calls) == 1:  # one EVALSHA: a pipeline would add a SCRIPT EXISTS round trip
+        g, w = script(keys=calls[0][0], args=calls[0][1])
+        return [(int(g), int(w) / 1000.0)]
+    pipe = client.pipeline(transaction=False)
+    for keys, args in calls:
+        script(keys=keys, args=args, client=pipe)
     return [(int(g), int(w) / 1000.0) for g, w in pipe.execute()]
 
 
@@ -169,7 +189,7 @@ class BlockLimiter:
     An instance binds to the first event loop it runs on (its state starts over on another loop).
     """
 
-    def __init__(self, client: redis_lib.Redis, prefix: str, kind: str, *, block: int = 64, hold_s: float = 1.0):
+    def __init__(self, client: redis_lib.Redis, prefix: str, kind: str, *, block: int = 256, hold_s: float = 1.0):
         if block < 1:
             raise ValueError(f"block must be >= 1 token, got {block!r}")
         self.client, self.prefix, self.kind = client, prefix, kind
@@ -222,7 +242,9 @@ class BlockLimiter:
                 st.queue.popleft()
             if not st.queue:
                 return
-            want = min(self.block, len(st.queue))
+            # what waits, plus ~50 ms of the rate for the checks about to arrive (they then take a local
+            # token without a future or a timer); what is not spent within hold_s is dropped
+            want = min(self.block, len(st.queue) + math.ceil(rate * _AHEAD_S))
             try:
                 granted, wait_s = await loop.run_in_executor(self._pool, self._take, name, rate, burst, want)
             except Exception as exc:  # noqa: BLE001 - fail open: the waiters go ahead
@@ -234,6 +256,7 @@ class BlockLimiter:
                 return
             now = loop.time()
             st.next_at = now + wait_s
+            dry = granted < want  # the bucket ran out: ask again when its next token is due
             while granted and st.queue:
                 f = st.queue.popleft()
                 if not f.done():
@@ -241,7 +264,7 @@ class BlockLimiter:
                     granted -= 1
             if granted:
                 st.tokens, st.got_at = st.tokens + granted, now
-            if st.queue:
+            if st.queue and dry:
                 await asyncio.sleep(max(wait_s, _MIN_POLL_S))
 
     # -- public -----------------------------------------------------------------------------------------
