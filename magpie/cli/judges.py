@@ -15,7 +15,7 @@ import click
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, rows_table
 
-_JUDGE_COLS = ("id", "workspace", "url", "rule", "enabled", "health", "last_error", "last_checked_at",
+_JUDGE_COLS = ("id", "workspace", "url", "rule", "rate", "enabled", "health", "last_error", "last_checked_at",
                "addresses")
 
 
@@ -106,7 +106,8 @@ def judges_list(state: CliState, workspace: str | None, as_json: bool) -> None:
     if as_json:
         _emit(True, rows)
         return
-    rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"], r["enabled"],
+    rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"],
+                                        "default" if r["rate"] is None else f"{r['rate']:g}/s", r["enabled"],
                                         r["health"], r["last_error"], r["last_checked_at"],
                                         ",".join(r["addresses"] or [])] for r in rows])
 
