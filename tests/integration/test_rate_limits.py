@@ -354,3 +354,30 @@ def test_judge_rate_is_stored_read_by_checkers_and_falls_back_to_the_default(set
         assert got["a"].limiter is lim and got["c"].limiter is None  # 0: unlimited, no Redis at all
     finally:
         lim.close()
+
+
+def test_cli_sets_and_shows_a_judge_rate(settings, db, monkeypatch):
+    from click.testing import CliRunner
+
+    from magpie.cli import main
+    from magpie.config import get_settings
+
+    for k, v in {"MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": settings.redis_prefix,
+                 "MAGPIE_DATABASE_URL": settings.database_url,
+                 "PROXY_ENCRYPTION_KEY": settings.encryption_key}.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    run = CliRunner()
+    try:
+        res = run.invoke(main, ["judges", "add", "http://127.0.0.1:9/", "--rate", "40", "--json"])
+        assert res.exit_code == 0, res.output
+        jid = json.loads(res.output)["result"]["id"]
+        res = run.invoke(main, ["judges", "rate", str(jid), "12.5"])
+        assert res.exit_code == 0 and "12.5/s" in res.output, res.output
+        assert "12.5/s" in run.invoke(main, ["judges", "list"]).output
+        res = run.invoke(main, ["judges", "rate", str(jid), "fast"])
+        assert res.exit_code != 0 and "judge rate must be a number" in res.output, res.output
+        res = run.invoke(main, ["judges", "rate", str(jid), "default"])
+        assert "default (MAGPIE_JUDGE_RATE)" in res.output, res.output
+    finally:
+        get_settings.cache_clear()
