@@ -645,6 +645,30 @@ class Settings(BaseSettings):
     ``--allowed-ports`` replaces it for that rotator)."""
 
 
+    # --- settings: rate limits, dashboard history ---
+    judge_rate: float = Field(0.0, alias="MAGPIE_JUDGE_RATE", ge=0, le=1_000_000)
+    """Requests per second a judge takes from the whole deployment, for judges whose own ``rate`` is not
+    set (0: unlimited). A check out of tokens waits up to its deadline, then is retried, not recorded."""
+    judge_rate_block: int = Field(256, alias="MAGPIE_JUDGE_RATE_BLOCK", ge=1, le=100_000)
+    """Most judge tokens a check process takes from Redis in one call."""
+    workspace_check_rate: float = Field(0.0, alias="MAGPIE_WORKSPACE_CHECK_RATE", ge=0, le=10_000_000)
+    """Checks per second promote claims for one workspace's routes (0: unlimited); a route over every
+    owner's budget is deferred."""
+    workspace_check_rates: str = Field("", alias="MAGPIE_WORKSPACE_CHECK_RATES")
+    """Per-workspace overrides of ``MAGPIE_WORKSPACE_CHECK_RATE``: ``<workspace id>=<checks/s>,...``."""
+    rotator_client_rate: float = Field(0.0, alias="MAGPIE_ROTATOR_CLIENT_RATE", ge=0, le=1_000_000)
+    """New connections per second one client address may open to one rotator (0: unlimited); more are
+    refused (closed at once) and counted."""
+    dashboard_snapshot_retention_days: int = Field(14, alias="MAGPIE_DASHBOARD_SNAPSHOT_RETENTION_DAYS",
+                                                   ge=1, le=3650)
+    """Days the dashboard's stored chart snapshots (job ``dashboard_snapshot``) are kept."""
+
+    @field_validator("workspace_check_rates")
+    @classmethod
+    def _workspace_rates(cls, v: str) -> str:
+        parse_workspace_rates(v)
+        return v
+
     # --- settings: reliability (quarantine) ---
 
     @field_validator("rotator_ports")
@@ -796,6 +820,28 @@ def parse_cadences(text: str) -> dict[str, float]:
         if seconds < 0:
             raise ValueError(f"negative cadence for {name.strip()!r}")
         out[name.strip()] = seconds
+    return out
+
+
+def parse_workspace_rates(text: str) -> dict[int, float]:
+    """Parse ``MAGPIE_WORKSPACE_CHECK_RATES`` (``"12=50,7=0"``) into ``{workspace id: checks/s}``.
+
+    Raises ``ValueError`` on a malformed pair, a non-integer id or a negative rate."""
+    out: dict[int, float] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        ws, sep, value = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            wid, rate = int(ws), float(value)
+        except ValueError:
+            raise ValueError(f"expected <workspace id>=<checks/s>, got {part!r}") from None
+        if rate < 0 or wid < 1:
+            raise ValueError(f"need a workspace id >= 1 and a rate >= 0, got {part!r}")
+        out[wid] = rate
     return out
 
 

@@ -27,9 +27,12 @@ def promote() -> int:
     """Beat-triggered: claim due routes (bounded by the check engines' free slots, the budget and
     MAGPIE_MAX_INFLIGHT) and dispatch check messages; returns the count claimed."""
     from magpie.cycle import promote_with_settings
+    from magpie.ratelimit import WorkspaceBudget
 
-    return promote_with_settings(runtime.route_queue(), runtime.settings().schedule, _dispatch_checks,
-                                 capacity=runtime.capacity_registry().total())
+    queue = runtime.route_queue()
+    return promote_with_settings(queue, runtime.settings().schedule, _dispatch_checks,
+                                 capacity=runtime.capacity_registry().total(),
+                                 workspace_budget=WorkspaceBudget.from_settings(queue.redis, runtime.settings()))
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)

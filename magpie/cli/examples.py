@@ -77,6 +77,7 @@ EXAMPLES: dict[str, list[str]] = {
     "stats usage": ["magpie stats usage --workspace acme --days 7"],
     "judges add": ["magpie judges add https://judge.example/echo --workspace acme"],
     "judges remove": ["magpie judges remove 2"],
+    "judges rate": ["magpie judges rate 2 50", "magpie judges rate https://judge.example/echo default"],
     "judges list": ["magpie judges list --json"],
     "judges check": ["magpie judges check 2"],
     "profiles show": ["magpie profiles show acme"],
