@@ -82,6 +82,9 @@ class ScheduleSettings:
     promote_budget: int
     pop_batch: int
     routes_per_task: int
+    dead_after: int = 0
+    dead_factor: int = 1
+    priority_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,6 +457,14 @@ class Settings(BaseSettings):
     interval_respread: bool = Field(True, alias="MAGPIE_INTERVAL_RESPREAD")
     """Respread the schedule once, in bounded batches, when ``MAGPIE_CHECK_INTERVAL`` differs from the
     interval the schedule was spread for (the ``interval_respread`` maintenance job)."""
+    dead_backoff_after: int = Field(0, alias="MAGPIE_DEAD_BACKOFF_AFTER", ge=0, le=1_000_000)
+    """Default dead-route policy: after this many dead checks in a row a route is checked every
+    ``MAGPIE_DEAD_BACKOFF_FACTOR`` x its interval until a check finds it alive (0: off)."""
+    dead_backoff_factor: int = Field(4, alias="MAGPIE_DEAD_BACKOFF_FACTOR", ge=2, le=1000)
+    """Interval multiplier of a backed-off dead route (2 to 1,000)."""
+    priority_share: float = Field(0.5, alias="MAGPIE_PRIORITY_SHARE", ge=0.0, le=1.0)
+    """Share (0 to 1) of each claim that new imports and ``check-now`` may take ahead of the due backlog
+    (the priority lane); the backlog keeps the rest. 0: claims in due order only."""
     respread_batch: int = Field(1000, alias="MAGPIE_RESPREAD_BATCH", ge=10, le=10_000)
     """Routes one respread batch moves in one Lua call (10 to 10,000): bounds how long Redis is busy."""
     demo_prefix: str = Field("magpie-demo:", alias="MAGPIE_DEMO_PREFIX", min_length=1, max_length=64)
@@ -735,7 +746,8 @@ class Settings(BaseSettings):
         return ScheduleSettings(
             self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
             int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
-            self.pop_batch, self.routes_per_task)
+            self.pop_batch, self.routes_per_task, self.dead_backoff_after, self.dead_backoff_factor,
+            self.priority_share)
 
     @property
     def checks(self) -> CheckSettings:
