@@ -1,5 +1,5 @@
 -- admin_remove.lua: an operator removes one route (payload, schedule entry, side state).
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] logs
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] logs
 -- prefix, ARGV[4] member, ARGV[5] force (1/0), ARGV[6] the caller's original payload text ('' skips the
 -- payload fence: the caller read nothing).
 -- Refuses a route under a live lease unless forced (its holder's completion then finds it gone), and a

@@ -1,14 +1,18 @@
 -- complete.lua: finish leased cycles, schedule each route's next due time and, in the same atomic step,
 -- apply the holders' ownership changes and append each completed route's result to the results stream.
 -- Preludes: lib.lua, stats_floor.lua.
--- KEYS: schedule keys; with a stream policy, KEYS[9] is the results stream; then the shard key of item i.
+-- KEYS: schedule keys; with a stream policy, KEYS[NCORE+1] is the results stream; then the shard key of item i.
 -- ARGV[1] clock override, ARGV[2] interval ms, ARGV[3] stream policy ('' = no stream, 'evict_oldest',
 -- 'drop_new', or 'refuse': change nothing when the results do not fit), ARGV[4] stream bound (unconsumed
--- entries), ARGV[5] consumer group, ARGV[6] payload key prefix, ARGV[7] logs key prefix, then per item:
--- member, lease score, previous score (before the claim), owner-change count c (0, or 2 followed by the
+-- entries), ARGV[5] consumer group, ARGV[6] payload key prefix, ARGV[7] logs key prefix, ARGV[8] default
+-- dead-route policy: dead checks in a row before backing off (0 = off), ARGV[9] its interval factor, then
+-- per item: member, lease score, previous score (before the claim), alive (1, 0 dead, -1 unknown),
+-- owner-change count c (0, or 2 followed by the
 -- holder's original payload and its desired payload), field count f, then f field/value pairs flattened
 -- (f = 0: no result for this item).
--- Next due = max(previous due, now) + interval. A completed cycle clears the route's stall and retry
+-- Next due = max(previous due, now) + interval, the interval being the route's own (K_CADENCE, read only
+-- while that hash is not empty) or ARGV[2]; under a dead-route policy (the route's own, else ARGV[8..9])
+-- a route dead that many checks in a row waits interval * factor until a check finds it alive. A completed cycle clears the route's stall and retry
 -- counts ("in a row" ends here). A result is appended if and only if its lease completed. An ownership
 -- change applies only the holder's delta (workspace ids removed or added between its original and desired
 -- payloads, JSON of any encoding: only their "w" lists are read) to the payload as stored now, so
@@ -23,6 +27,7 @@ local now = clock(ARGV[1])
 local interval = tonumber(ARGV[2])
 local policy, maxlen, group = ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local payload_prefix, logs_prefix = ARGV[6], ARGV[7]
+local dead_after, dead_factor = tonumber(ARGV[8]) or 0, tonumber(ARGV[9]) or 1
 local stream = nil
 local off = NCORE
 if policy ~= '' then stream = KEYS[NCORE + 1]; off = NCORE + 1 end
@@ -30,12 +35,13 @@ local n = #KEYS - off
 
 -- items: member, lease, prev, the ownership change, and where their fields start in ARGV
 local items = {}
-local pos = 8
+local pos = 10
 for i = 1, n do
-  local it = { member = ARGV[pos], lease = ARGV[pos + 1], prev = tonumber(ARGV[pos + 2]) }
-  local nc = tonumber(ARGV[pos + 3])
-  if nc > 0 then it.orig, it.want = ARGV[pos + 4], ARGV[pos + 5] end
-  pos = pos + 4 + nc
+  local it = { member = ARGV[pos], lease = ARGV[pos + 1], prev = tonumber(ARGV[pos + 2]),
+               alive = tonumber(ARGV[pos + 3]) }
+  local nc = tonumber(ARGV[pos + 4])
+  if nc > 0 then it.orig, it.want = ARGV[pos + 5], ARGV[pos + 6] end
+  pos = pos + 5 + nc
   it.nf = tonumber(ARGV[pos])
   it.at = pos + 1
   pos = pos + 1 + 2 * it.nf
@@ -122,6 +128,45 @@ if stream and results > 0 then
   if full then return { 0, trimmed, 1 } end
 end
 
+-- each completed route's interval: its own (one HMGET, only while K_CADENCE holds anything) and the
+-- dead-route policy's factor; dead streaks are counted here
+local own, streak_set, streak_del = {}, {}, {}
+if redis.call('EXISTS', K_CADENCE) == 1 or dead_after > 0 then
+  local fields, who = {}, {}
+  for i = 1, n do
+    if res[i] == 1 then
+      local m = items[i].member
+      fields[#fields + 1] = m; fields[#fields + 1] = m .. '#p'; fields[#fields + 1] = m .. '#d'
+      who[#who + 1] = i
+    end
+  end
+  if #fields > 0 then
+    local vals = redis.call('HMGET', K_CADENCE, unpack(fields))
+    for j, i in ipairs(who) do
+      local it = items[i]
+      local iv, pol, streak = tonumber(vals[3 * j - 2]), vals[3 * j - 1], tonumber(vals[3 * j]) or 0
+      iv = iv or interval
+      local after, factor = dead_after, dead_factor
+      if pol then
+        local a, f = string.match(pol, '^(%d+):(%d+)$')
+        after, factor = tonumber(a), tonumber(f)
+      end
+      if after > 0 and it.alive == 0 then
+        streak = streak + 1
+        streak_set[#streak_set + 1] = it.member .. '#d'; streak_set[#streak_set + 1] = streak
+        if streak >= after then iv = iv * factor end
+      elseif it.alive == 1 and streak > 0 then
+        streak_del[#streak_del + 1] = it.member .. '#d'
+      elseif after > 0 and streak >= after then
+        iv = iv * factor  -- no verdict: the route stays where it was
+      end
+      own[i] = iv
+    end
+  end
+end
+if #streak_set > 0 then redis.call('HSET', K_CADENCE, unpack(streak_set)) end
+if #streak_del > 0 then redis.call('HDEL', K_CADENCE, unpack(streak_del)) end
+
 -- reschedule (or remove) and append
 local done, hargs = {}, {}
 for _, shard in ipairs(order) do
@@ -131,8 +176,9 @@ for _, shard in ipairs(order) do
     if res[i] == 1 then
       local base = math.floor(it.prev)
       if now > base then base = now end
-      if not low or base + interval < low then low = base + interval end
-      zargs[#zargs + 1] = base + interval
+      local next_due = base + (own[i] or interval)
+      if not low or next_due < low then low = next_due end
+      zargs[#zargs + 1] = next_due
       zargs[#zargs + 1] = it.member
       done[#done + 1] = it.member
       if it.updated then redis.call('SET', payload_prefix .. it.member, it.updated) end

@@ -1,5 +1,5 @@
 -- drain.lua: unschedule and delete routes that are due or waiting in one shard, sparing leased ones.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] logs
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] logs
 -- prefix, ARGV[4] batch size, ARGV[5] rank offset (leased members already skipped).
 -- Returns { due_removed, waiting_removed, leased_skipped, more(0/1) }.
 local shard = KEYS[NCORE + 1]

@@ -1,7 +1,7 @@
 -- enqueue_at.lua: move one scheduled route's next check to a given time (the "check now" button is a
 -- delay of 0). The route keeps its single schedule entry and its recurring cadence afterwards.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] 'at' or 'in',
--- ARGV[4] Unix ms ('at') or delay ms ('in').
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] 'at' or 'in',
+-- ARGV[4] Unix ms ('at') or delay ms ('in'), ARGV[5] '1': the route joins the priority lane (check-now).
 -- An expired lease (its holder vanished) no longer holds the route: it ends here, as a claim would end it.
 -- Returns the new due time (string), or R_GONE, R_LEASED (a live lease: a check is running now), R_DEAD.
 local shard, member = KEYS[NCORE + 1], ARGV[2]
@@ -21,4 +21,5 @@ due = math.floor(due)
 redis.call('ZADD', shard, due, member)
 redis.call('HDEL', K_RETRIES, member)
 lower_head(shard, due)
+if ARGV[5] == '1' then redis.call('ZADD', K_PRIORITY, due, member) end
 return fmt(due)

@@ -1,11 +1,16 @@
 -- lib.lua: prelude prepended to every script by magpie/queue/scripts.py (not run on its own).
--- Every script receives the same eight schedule keys first (KEYS[1..8]); script-specific keys follow.
+-- Every script receives the same eleven schedule keys first (KEYS[1..NCORE]); script-specific keys follow.
 -- Score fractions mark state: .0 an ordinary due time, .25 a backoff retry due time, .5 a lease.
 -- K_LEASED indexes every lease handed out (member -> lease score), written with one variadic command
 -- per script call; live leases are its scores above now, so an expired lease never blocks a claim.
 local K_HEADS, K_LEASED, K_DEAD, K_DEAD_INFO = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local NCORE = 8
+-- K_CADENCE: per-route cadence state (cadence helpers below): <member> its own interval ms, <member>#r an
+-- operator's override, <member>#p its dead-route policy 'after:factor', <member>#d dead checks in a row.
+-- K_PRIORITY: the priority lane (member -> due ms) claimed ahead of the backlog (pop.lua); K_WS_CADENCE:
+-- workspace id -> 'interval_ms:dead_after:dead_factor' (0 = not set).
+local K_CADENCE, K_PRIORITY, K_WS_CADENCE = KEYS[9], KEYS[10], KEYS[11]
+local NCORE = 11
 
 -- Refusal codes, the only negative replies a script gives (magpie.errors.Refusal holds the same table).
 local R_LEASE_LOST, R_GONE, R_PAYLOAD_CHANGED, R_BAD_PAYLOAD, R_LEASED = -1, -2, -3, -4, -5
@@ -68,6 +73,8 @@ local function forget(member, logs_prefix)
   redis.call('HDEL', K_PROGRESS, member)
   redis.call('HDEL', K_DEAD_INFO, member)
   redis.call('ZREM', K_DEAD, member)
+  redis.call('HDEL', K_CADENCE, member, member .. '#r', member .. '#p', member .. '#d')
+  redis.call('ZREM', K_PRIORITY, member)
   if logs_prefix then redis.call('DEL', logs_prefix .. member) end
 end
 
@@ -103,4 +110,50 @@ end
 local function join_w(head, list)
   table.sort(list)
   return head .. '[' .. table.concat(list, ',') .. ']}'
+end
+
+-- Cadence (per-route interval and dead-route policy). A workspace cadence 'interval:after:factor' comes
+-- from K_WS_CADENCE; a route's own interval is the operator's override (#r) or else the shortest interval
+-- of its workspaces; its dead policy that of its workspaces with the smallest factor.
+local function ws_cadence(ids)
+  if #ids == 0 or redis.call('HLEN', K_WS_CADENCE) == 0 then return nil, nil end
+  local rows = redis.call('HMGET', K_WS_CADENCE, unpack(ids))
+  local interval, policy, factor = nil, nil, nil
+  for _, row in ipairs(rows) do
+    if row then
+      local i, a, f = string.match(row, '^(%d+):(%d+):(%d+)$')
+      i, a, f = tonumber(i), tonumber(a), tonumber(f)
+      if i and i > 0 and (not interval or i < interval) then interval = i end
+      if a and a > 0 and f and f > 1 and (not factor or f < factor) then factor = f; policy = a .. ':' .. f end
+    end
+  end
+  return interval, policy
+end
+
+-- Recompute and store one route's cadence fields from its payload text (nil: gone). Returns the route's
+-- own interval ms (nil: the deployment's).
+local function recadence(member, payload)
+  local _, have = nil, nil
+  if payload then _, have = split_w(payload) end
+  local _, ids = id_list(have)
+  local interval, policy = ws_cadence(ids)
+  local override = tonumber(redis.call('HGET', K_CADENCE, member .. '#r'))
+  if override then interval = override end
+  if interval then redis.call('HSET', K_CADENCE, member, interval) else redis.call('HDEL', K_CADENCE, member) end
+  if policy then
+    redis.call('HSET', K_CADENCE, member .. '#p', policy)
+  else
+    redis.call('HDEL', K_CADENCE, member .. '#p', member .. '#d')
+  end
+  return interval
+end
+
+-- FNV-1a 32 of a route hash (magpie.queue.keys.fnv1a_32), in doubles: 16777619 = 2^24 + 403.
+local function fnv1a(s)
+  local h = 2166136261
+  for i = 1, #s do
+    h = bit.bxor(h, string.byte(s, i)) % 4294967296
+    h = ((h % 256) * 16777216 + h * 403) % 4294967296
+  end
+  return h
 end

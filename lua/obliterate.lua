@@ -28,5 +28,6 @@ for i = NCORE + 2, #KEYS do
   if not sweep(KEYS[i]) then return { 'more', deleted } end
 end
 if not sweep(K_DEAD) then return { 'more', deleted } end
-redis.call('DEL', K_HEADS, K_LEASED, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED, KEYS[NCORE + 1])
+redis.call('DEL', K_HEADS, K_LEASED, K_DEAD_INFO, K_STALLS, K_RETRIES, K_PROGRESS, K_PAUSED, K_CADENCE, K_PRIORITY,
+  K_WS_CADENCE, KEYS[NCORE + 1])
 return { 'done', deleted }

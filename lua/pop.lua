@@ -1,7 +1,11 @@
 -- pop.lua: claim up to N due routes across shards, in due-time order, leasing each one.
--- KEYS: the eight schedule keys (lib.lua).
+-- KEYS: the schedule keys (lib.lua).
 -- ARGV[1] clock override (0 = server clock), ARGV[2] max routes, ARGV[3] lease ms,
--- ARGV[4] payload key prefix, ARGV[5] max outstanding leases (0 = no cap), ARGV[6] max stalls.
+-- ARGV[4] payload key prefix, ARGV[5] max outstanding leases (0 = no cap), ARGV[6] max stalls,
+-- ARGV[7] priority share (0..1; 0 or absent: no lane), ARGV[8] shard key prefix, ARGV[9] shard count.
+-- The priority lane (K_PRIORITY: new imports, check-now) is claimed first, due members in lane order, for
+-- at most floor(share * N) of the N routes of the call; the due backlog fills the rest in due-time order,
+-- and the lane again whatever room the backlog leaves. So the backlog keeps (1 - share) of every claim.
 -- Returns { now, allowed, paused(0/1), dead_lettered, lease_score, item... }, each item
 --   { member, payload, previous_score, shard, stalled + 2 * alone + 4 * retry_attempts }; every claim
 --   of one call shares the lease score.
@@ -21,6 +25,7 @@ local pprefix = ARGV[4]
 local max_inflight = tonumber(ARGV[5])
 local max_stalled = tonumber(ARGV[6])
 local alone_at = math.max(max_stalled, 2)  -- started stalls in a row that quarantine a route
+local share, sprefix, nshards = tonumber(ARGV[7]) or 0, ARGV[8], tonumber(ARGV[9]) or 0
 
 if redis.call('EXISTS', K_PAUSED) == 1 then return { tostring(now), 0, 1, 0, '' } end
 if max_inflight > 0 then
@@ -50,36 +55,10 @@ local function fill(c, chunk)
   c.read = c.read + #members
 end
 
--- Rounds: merge the due shards (k-way, smallest (score, shard key, member) first) into up to `need`
--- candidates, then claim them with one MGET and one variadic ZADD per shard. Another round runs only
--- when candidates were dropped (payload gone) or dead-lettered.
-while got < want and #cursors > 0 do
-  local need = want - got
-  local chunk = math.max(4, math.ceil(need / #cursors) * 2)
-  for _, c in ipairs(cursors) do
-    c.read = 0  -- claims of the previous round moved out of the due range
-    fill(c, chunk)
-  end
-  -- current head score of each cursor in a flat array: one numeric scan per pick
-  local k = #cursors
-  local head = {}
-  for j = 1, k do head[j] = cursors[j].scores[1] or false end
-  local cand = {}
-  while #cand < need do
-    local bj, bs = nil, nil
-    for j = 1, k do
-      local sc = head[j]
-      if sc and (not bs or sc < bs) then bj, bs = j, sc end  -- ties keep the lower rank (earlier j)
-    end
-    if not bj then break end
-    local c = cursors[bj]
-    cand[#cand + 1] = { c, c.members[c.i], bs }
-    c.i = c.i + 1
-    if c.i > #c.members and c.more then fill(c, chunk) end
-    head[bj] = c.scores[c.i] or false
-  end
-  if #cand == 0 then break end
-
+local taken = {}
+-- claim candidates { cursor (its .shard), member, score }: one MGET, one variadic ZADD per shard;
+-- true when some were dropped (payload gone) or dead-lettered
+local function take(cand)
   local pkeys = {}
   for j, c in ipairs(cand) do pkeys[j] = pprefix .. c[2] end
   local payloads = redis.call('MGET', unpack(pkeys))
@@ -136,7 +115,78 @@ while got < want and #cursors > 0 do
   end
   for shard, args in pairs(claim) do redis.call('ZADD', shard, unpack(args)) end
   for shard, members in pairs(drop) do redis.call('ZREM', shard, unpack(members)) end
+  return dropped
+end
+
+-- the priority lane: up to `cap` due members, lane order; entries that are gone, leased or claimed leave it
+local lane = share > 0 and nshards > 0 and redis.call('EXISTS', K_PRIORITY) == 1
+local function lane_pass(cap)
+  if not lane or cap <= 0 then return end
+  local rows = redis.call('ZRANGE', K_PRIORITY, '-inf', now, 'BYSCORE', 'LIMIT', 0, cap * 2 + 8)
+  local cand, out_of_lane = {}, {}
+  for _, m in ipairs(rows) do
+    if #cand >= cap then break end
+    local shard = sprefix .. (fnv1a(m) % nshards)
+    local sc = tonumber(redis.call('ZSCORE', shard, m))
+    if sc and sc <= now then
+      cand[#cand + 1] = { { shard = shard }, m, sc }
+    elseif sc and not is_lease(sc) then
+      redis.call('ZADD', K_PRIORITY, sc, m)  -- due later than the lane thought: wait for it there
+    else
+      out_of_lane[#out_of_lane + 1] = m
+    end
+  end
+  for _, c in ipairs(cand) do out_of_lane[#out_of_lane + 1] = c[2] end
+  if #out_of_lane > 0 then redis.call('ZREM', K_PRIORITY, unpack(out_of_lane)) end
+  if #cand > 0 then take(cand) end
+end
+local lane_got = 0
+if lane then
+  lane_pass(math.floor(want * share))
+  lane_got = #taken
+end
+
+-- Rounds: merge the due shards (k-way, smallest (score, shard key, member) first) into up to `need`
+-- candidates, then claim them with one MGET and one variadic ZADD per shard. Another round runs only
+-- when candidates were dropped (payload gone) or dead-lettered.
+while got < want and #cursors > 0 do
+  local need = want - got
+  local chunk = math.max(4, math.ceil(need / #cursors) * 2)
+  for _, c in ipairs(cursors) do
+    c.read = 0  -- claims of the previous round moved out of the due range
+    fill(c, chunk)
+  end
+  -- current head score of each cursor in a flat array: one numeric scan per pick
+  local k = #cursors
+  local head = {}
+  for j = 1, k do head[j] = cursors[j].scores[1] or false end
+  local cand = {}
+  while #cand < need do
+    local bj, bs = nil, nil
+    for j = 1, k do
+      local sc = head[j]
+      if sc and (not bs or sc < bs) then bj, bs = j, sc end  -- ties keep the lower rank (earlier j)
+    end
+    if not bj then break end
+    local c = cursors[bj]
+    cand[#cand + 1] = { c, c.members[c.i], bs }
+    c.i = c.i + 1
+    if c.i > #c.members and c.more then fill(c, chunk) end
+    head[bj] = c.scores[c.i] or false
+  end
+  if #cand == 0 then break end
+
+  local dropped = take(cand)
   if not dropped then break end
+end
+
+if lane then
+  if #taken > lane_got then
+    for i = lane_got + 1, #taken, 1000 do
+      redis.call('ZREM', K_PRIORITY, unpack(taken, i, math.min(i + 999, #taken)))
+    end
+  end
+  if got < want then lane_pass(want - got) end
 end
 
 -- Exact heads for every shard read: the next unclaimed due row, or the shard's lowest score.

@@ -1,7 +1,7 @@
 -- release.lua: hand leases back unchecked (a worker could not start them in time, or is shutting down).
 -- The route becomes claimable again at once with its previous due time, without counting a stall:
 -- the holder is alive and says so. A stale holder's release changes nothing. Suspicion stays.
--- KEYS: schedule keys, then the shard key of item i at KEYS[8+i].
+-- KEYS: schedule keys, then the shard key of item i at KEYS[NCORE+i].
 -- ARGV[1] clock override, then per item i: ARGV[3i-1] member, ARGV[3i] lease score, ARGV[3i+1] previous
 -- score (before the claim).
 -- The restored score is the previous score when it was a due time (ordinary or .25 retry), else now

@@ -1,5 +1,5 @@
 -- remove.lua: unschedule and delete a leased route, fenced twice: on the lease score and on the payload.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] payload key prefix, ARGV[2] logs key prefix,
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] payload key prefix, ARGV[2] logs key prefix,
 -- ARGV[3] member, ARGV[4] lease score, ARGV[5] the caller's original payload text.
 -- Returns 1 removed, R_LEASE_LOST, R_GONE, R_PAYLOAD_CHANGED (changed since the claim: a concurrent import).
 local shard = KEYS[NCORE + 1]

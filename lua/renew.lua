@@ -1,5 +1,5 @@
 -- renew.lua: extend a lease, fenced on the lease score the holder keeps.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
 -- ARGV[4] lease ms. Returns the new lease score (string), R_LEASE_LOST, R_GONE.
 -- A renewal shows the holder is checking the route: a start mark (lib.lua) follows the new score; an
 -- unmarked lease (a quarantined check in a process of its own) stays unmarked.

@@ -1,5 +1,5 @@
 -- reprocess.lua: put a dead-lettered route back in its shard, due now, with its stall count reset.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] payload prefix.
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] payload prefix.
 -- Returns the due time (string), R_GONE (no payload), R_NOT_DEAD (not dead-lettered).
 local shard, member = KEYS[NCORE + 1], ARGV[2]
 if not redis.call('ZSCORE', K_DEAD, member) then return R_NOT_DEAD end

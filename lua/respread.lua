@@ -1,5 +1,5 @@
 -- respread.lua: set new due times for a batch of routes of one shard, skipping leased ones.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, then pairs ARGV[2i] member,
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, then pairs ARGV[2i] member,
 -- ARGV[2i+1] offset ms from now. Returns { moved, skipped_leased, missing }.
 local shard = KEYS[NCORE + 1]
 local now = clock(ARGV[1])

@@ -2,13 +2,13 @@
 -- ZSCAN walks the shard's member dictionary, which score changes do not reorder, so moving members
 -- never makes the walk skip or repeat them (a rehash while the shard grows or shrinks may repeat a few:
 -- a repeated member is moved again, still inside the interval).
--- KEYS: schedule keys, KEYS[9] shard, KEYS[10] optional progress hash (the stored interval's hash).
+-- KEYS: schedule keys, KEYS[NCORE+1] shard, KEYS[NCORE+2] optional progress hash (the stored interval's hash).
 -- ARGV[1] clock override, ARGV[2] scan cursor ('0' starts the shard), ARGV[3] COUNT hint,
 -- ARGV[4] placed (routes placed before this batch, over every shard), ARGV[5] total routes of the run,
--- ARGV[6] interval ms, ARGV[7] run token (with KEYS[10] only).
+-- ARGV[6] interval ms, ARGV[7] run token (with KEYS[NCORE+2] only).
 -- Route number p of the run gets due = now + floor((p mod total) * interval / total); a leased route
 -- keeps its lease (its completion applies the interval) and still takes its number.
--- With KEYS[10] the batch runs only while its field 'run' equals ARGV[7], and it stores its own
+-- With KEYS[NCORE+2] the batch runs only while its field 'run' equals ARGV[7], and it stores its own
 -- progress there in the same step: fields cursor, placed, moved, held (leased), and shard (+1 when this
 -- shard's walk ended; cursor back to '0'). A stale run gets { 'superseded' } and changes nothing.
 -- Returns { next cursor ('0': shard done), moved, leased, placed after the batch }.

@@ -1,7 +1,7 @@
 -- retry.lua: end a leased cycle early and schedule the route again after a backoff delay.
 -- For failures that are not the route's fault (the judge is unreachable): the route keeps its place in
 -- the recurring schedule but comes back after delay ms instead of a full interval.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] member, ARGV[3] lease score,
 -- ARGV[4] delay ms. The due time carries the .25 retry marker (stored as due - 0.75, so the route is
 -- claimable from due on); the route's retry count goes up.
 -- Returns the retry count (>= 1), R_LEASE_LOST, R_GONE.

@@ -2,7 +2,7 @@
 -- Fenced like remove.lua: the stored payload must still equal the one the caller read, so an update
 -- built from an older snapshot cannot drop a workspace an import added since; refused under a live
 -- lease unless forced. The schedule is untouched.
--- KEYS: schedule keys, KEYS[9] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] member,
+-- KEYS: schedule keys, KEYS[NCORE+1] shard. ARGV[1] clock override, ARGV[2] payload prefix, ARGV[3] member,
 -- ARGV[4] new payload, ARGV[5] the caller's original payload text, ARGV[6] force (1/0).
 -- Returns 1 updated, R_GONE, R_PAYLOAD_CHANGED, R_ACTIVE_LEASES.
 local shard, member = KEYS[NCORE + 1], ARGV[3]

@@ -15,7 +15,7 @@ from magpie import ticks
 QUEUES = ("promote", "checks", "stats", "alerts", "delivery", "email", "maintenance")
 
 
-BEAT_PROVIDERS = ("magpie.maintenance.beat", "magpie.alerts.beat")
+BEAT_PROVIDERS = ("magpie.maintenance.beat", "magpie.alerts.beat", "magpie.sources.beat")
 
 
 def _extra_beat(settings) -> dict:

@@ -82,6 +82,9 @@ class ScheduleSettings:
     promote_budget: int
     pop_batch: int
     routes_per_task: int
+    dead_after: int = 0
+    dead_factor: int = 1
+    priority_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -418,6 +421,30 @@ class Settings(BaseSettings):
     web_page_size: int = Field(100, alias="MAGPIE_WEB_PAGE_SIZE", ge=10, le=1000)
     """Rows per page of the dashboard's route and dead-letter lists."""
 
+    # --- settings: the program API (/api, API tokens) ---
+    api_rate: float = Field(20.0, alias="MAGPIE_API_RATE", gt=0, le=100_000)
+    """Requests per second each API token may send on average (a token bucket per token, kept in Redis)."""
+    api_burst: int = Field(40, alias="MAGPIE_API_BURST", ge=1, le=1_000_000)
+    """Requests a token may send at once before ``MAGPIE_API_RATE`` paces it (the bucket's size)."""
+    api_import_max_bytes: int = Field(16 * 1024 * 1024, alias="MAGPIE_API_IMPORT_MAX_BYTES", ge=1024,
+                                      le=1024 * 1024 * 1024)
+    """Largest proxy list ``POST /api/imports`` takes, as a request body or fetched from a URL (bytes)."""
+    api_fetch_timeout: float = Field(30.0, alias="MAGPIE_API_FETCH_TIMEOUT", gt=0, le=600)
+    """Seconds an import's ``source_url`` may take, connecting and reading the whole list."""
+    api_fetch_allow_private: str = Field("false", alias="MAGPIE_API_FETCH_ALLOW_PRIVATE")
+    """Non-public addresses an import's ``source_url`` may resolve to, as ``MAGPIE_CHECK_ALLOW_PRIVATE``
+    takes them (``false``, ``true`` or CIDRs such as ``127.0.0.0/8``)."""
+
+    @field_validator("api_fetch_allow_private", mode="before")
+    @classmethod
+    def _api_fetch_allow(cls, v):
+        from magpie.egress import parse_allow
+
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        parse_allow(v)
+        return v
+
     # --- settings: observability (logs, probes) ---
     log_format: Literal["text", "json"] = Field("text", alias="MAGPIE_LOG_FORMAT")
     """Log lines of workers, beat and the CLI: ``text`` (Celery's format) or ``json`` (one object a line)."""
@@ -430,6 +457,14 @@ class Settings(BaseSettings):
     interval_respread: bool = Field(True, alias="MAGPIE_INTERVAL_RESPREAD")
     """Respread the schedule once, in bounded batches, when ``MAGPIE_CHECK_INTERVAL`` differs from the
     interval the schedule was spread for (the ``interval_respread`` maintenance job)."""
+    dead_backoff_after: int = Field(0, alias="MAGPIE_DEAD_BACKOFF_AFTER", ge=0, le=1_000_000)
+    """Default dead-route policy: after this many dead checks in a row a route is checked every
+    ``MAGPIE_DEAD_BACKOFF_FACTOR`` x its interval until a check finds it alive (0: off)."""
+    dead_backoff_factor: int = Field(4, alias="MAGPIE_DEAD_BACKOFF_FACTOR", ge=2, le=1000)
+    """Interval multiplier of a backed-off dead route (2 to 1,000)."""
+    priority_share: float = Field(0.5, alias="MAGPIE_PRIORITY_SHARE", ge=0.0, le=1.0)
+    """Share (0 to 1) of each claim that new imports and ``check-now`` may take ahead of the due backlog
+    (the priority lane); the backlog keeps the rest. 0: claims in due order only."""
     respread_batch: int = Field(1000, alias="MAGPIE_RESPREAD_BATCH", ge=10, le=10_000)
     """Routes one respread batch moves in one Lua call (10 to 10,000): bounds how long Redis is busy."""
     demo_prefix: str = Field("magpie-demo:", alias="MAGPIE_DEMO_PREFIX", min_length=1, max_length=64)
@@ -479,6 +514,52 @@ class Settings(BaseSettings):
     """Most addresses and ranges kept from one source; a source with more fails its refresh."""
     blacklist_fetch_timeout: float = Field(30.0, alias="MAGPIE_BLACKLIST_FETCH_TIMEOUT", gt=0, le=600)
     """Seconds for connecting to and for reading from a blacklist URL."""
+
+    # --- settings: proxy-list sources ---
+    source_allow_private: str = Field("false", alias="MAGPIE_SOURCE_ALLOW_PRIVATE")
+    """Non-public addresses proxy-list source URLs (and their redirects) may resolve to, as
+    ``MAGPIE_CHECK_ALLOW_PRIVATE`` takes them (``false``, ``true`` or CIDRs such as ``127.0.0.0/8``)."""
+    source_max_bytes: int = Field(16 * 1024 * 1024, alias="MAGPIE_SOURCE_MAX_BYTES", ge=1024,
+                                  le=1024 * 1024 * 1024)
+    """Largest body one source fetch reads (bytes); a longer one fails that fetch."""
+    source_fetch_timeout: float = Field(30.0, alias="MAGPIE_SOURCE_FETCH_TIMEOUT", gt=0, le=600)
+    """Seconds one source fetch may take in all (robots.txt, redirects, the body; a browser render)."""
+    source_max_redirects: int = Field(5, alias="MAGPIE_SOURCE_MAX_REDIRECTS", ge=0, le=20)
+    """Redirects one source fetch follows (each one through the egress guard)."""
+    source_max_pages: int = Field(10, alias="MAGPIE_SOURCE_MAX_PAGES", ge=1, le=1000)
+    """Pages of a paged list one fetch follows (``rel="next"`` links; 1: the first page only)."""
+    source_dead_letter_after: int = Field(5, alias="MAGPIE_SOURCE_DEAD_LETTER_AFTER", ge=1, le=1000)
+    """Failed fetches in a row after which a source is dead-lettered (off the schedule until refreshed)."""
+    source_backoff_base: float = Field(60.0, alias="MAGPIE_SOURCE_BACKOFF_BASE", gt=0, le=DAY)
+    """Seconds before the first retry of a failed source fetch; each further failure doubles it."""
+    source_backoff_cap: float = Field(6 * HOUR, alias="MAGPIE_SOURCE_BACKOFF_CAP", gt=0, le=MONTH)
+    """Longest wait (seconds) between retries of a failing source."""
+    source_tick: float = Field(30.0, alias="MAGPIE_SOURCE_TICK", ge=0, le=DAY)
+    """Seconds between two beat triggers of the due-source fetch task (0: no beat entry)."""
+    source_batch: int = Field(8, alias="MAGPIE_SOURCE_BATCH", ge=1, le=1000)
+    """Due sources one trigger claims and fetches."""
+    source_concurrency: int = Field(4, alias="MAGPIE_SOURCE_CONCURRENCY", ge=1, le=64)
+    """Sources one trigger fetches at once (threads)."""
+    source_lease: float = Field(600.0, alias="MAGPIE_SOURCE_LEASE", ge=10, le=DAY)
+    """Seconds a claimed source stays leased to its fetcher (keep it above the fetch and import time)."""
+    source_robots_cache_size: int = Field(1024, alias="MAGPIE_SOURCE_ROBOTS_CACHE_SIZE", ge=1, le=1_000_000)
+    """Origins whose robots.txt a process keeps (least recently used leave first)."""
+    source_robots_ttl: float = Field(3600.0, alias="MAGPIE_SOURCE_ROBOTS_TTL", ge=1, le=MONTH)
+    """Seconds a fetched robots.txt is reused."""
+    source_browser_pages: int = Field(2, alias="MAGPIE_SOURCE_BROWSER_PAGES", ge=1, le=32)
+    """Pages a process renders at once in headless Chromium for ``--browser`` sources."""
+    source_chromium: str = Field("/usr/bin/chromium", alias="MAGPIE_SOURCE_CHROMIUM")
+    """Chromium executable ``--browser`` sources are rendered with (Playwright drives it)."""
+
+    @field_validator("source_allow_private", mode="before")
+    @classmethod
+    def _source_allow(cls, v):
+        from magpie.egress import parse_allow
+
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        parse_allow(v)
+        return str(v)
 
     @field_validator("enrich_allow_private", mode="before")
     @classmethod
@@ -575,6 +656,30 @@ class Settings(BaseSettings):
     ``--allowed-ports`` replaces it for that rotator)."""
 
 
+    # --- settings: rate limits, dashboard history ---
+    judge_rate: float = Field(0.0, alias="MAGPIE_JUDGE_RATE", ge=0, le=1_000_000)
+    """Requests per second a judge takes from the whole deployment, for judges whose own ``rate`` is not
+    set (0: unlimited). A check out of tokens waits up to its deadline, then is retried, not recorded."""
+    judge_rate_block: int = Field(256, alias="MAGPIE_JUDGE_RATE_BLOCK", ge=1, le=100_000)
+    """Most judge tokens a check process takes from Redis in one call."""
+    workspace_check_rate: float = Field(0.0, alias="MAGPIE_WORKSPACE_CHECK_RATE", ge=0, le=10_000_000)
+    """Checks per second promote claims for one workspace's routes (0: unlimited); a route over every
+    owner's budget is deferred."""
+    workspace_check_rates: str = Field("", alias="MAGPIE_WORKSPACE_CHECK_RATES")
+    """Per-workspace overrides of ``MAGPIE_WORKSPACE_CHECK_RATE``: ``<workspace id>=<checks/s>,...``."""
+    rotator_client_rate: float = Field(0.0, alias="MAGPIE_ROTATOR_CLIENT_RATE", ge=0, le=1_000_000)
+    """New connections per second one client address may open to one rotator (0: unlimited); more are
+    refused (closed at once) and counted."""
+    dashboard_snapshot_retention_days: int = Field(14, alias="MAGPIE_DASHBOARD_SNAPSHOT_RETENTION_DAYS",
+                                                   ge=1, le=3650)
+    """Days the dashboard's stored chart snapshots (job ``dashboard_snapshot``) are kept."""
+
+    @field_validator("workspace_check_rates")
+    @classmethod
+    def _workspace_rates(cls, v: str) -> str:
+        parse_workspace_rates(v)
+        return v
+
     # --- settings: reliability (quarantine) ---
 
     @field_validator("rotator_ports")
@@ -641,7 +746,8 @@ class Settings(BaseSettings):
         return ScheduleSettings(
             self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
             int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
-            self.pop_batch, self.routes_per_task)
+            self.pop_batch, self.routes_per_task, self.dead_backoff_after, self.dead_backoff_factor,
+            self.priority_share)
 
     @property
     def checks(self) -> CheckSettings:
@@ -726,6 +832,28 @@ def parse_cadences(text: str) -> dict[str, float]:
         if seconds < 0:
             raise ValueError(f"negative cadence for {name.strip()!r}")
         out[name.strip()] = seconds
+    return out
+
+
+def parse_workspace_rates(text: str) -> dict[int, float]:
+    """Parse ``MAGPIE_WORKSPACE_CHECK_RATES`` (``"12=50,7=0"``) into ``{workspace id: checks/s}``.
+
+    Raises ``ValueError`` on a malformed pair, a non-integer id or a negative rate."""
+    out: dict[int, float] = {}
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part:
+            continue
+        ws, sep, value = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            wid, rate = int(ws), float(value)
+        except ValueError:
+            raise ValueError(f"expected <workspace id>=<checks/s>, got {part!r}") from None
+        if rate < 0 or wid < 1:
+            raise ValueError(f"need a workspace id >= 1 and a rate >= 0, got {part!r}")
+        out[wid] = rate
     return out
 
 

@@ -274,7 +274,8 @@ def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
 
     Returns:
         ``{"checks": {outcome: int}, "stale": int, "dropped": {policy: int}, "lateness": H,
-        "latency": H, "claim_to_start": H, "start_stages": {stage: H}}`` (latency: alive checks as stored
+        "latency": H, "claim_to_start": H, "start_stages": {stage: H}, "limited": {(limiter kind,
+        event): int}}`` (rate-limit events, :mod:`magpie.ratelimit`; latency: alive checks as stored
         by ingestion; stages: :data:`START_STAGES`), where ``H`` is ``{"buckets":
         [(upper bound s or inf, cumulative count)], "sum_s": float, "count": int}``; only outcomes and
         policies counted at least once appear.
@@ -284,15 +285,20 @@ def read_counters(redis: redis_lib.Redis, prefix: str) -> dict:
     raw = {_s(k): _s(v) for k, v in redis.hgetall(counters_key(prefix)).items()}
     checks: dict[str, int] = {}
     dropped: dict[str, int] = {}
+    limited: dict[tuple[str, str], int] = {}
     for k, v in raw.items():
         if k.startswith("checks:"):
             checks[k[7:]] = int(v)
+        elif k.startswith("limited:"):
+            kind, _, event = k[8:].partition(":")
+            limited[(kind, event)] = int(v)
         elif k.startswith("stats_dropped:"):
             dropped[k[14:]] = int(v)
     return {
         "checks": checks,
         "stale": int(raw.get("stale", 0)),
         "dropped": dropped,
+        "limited": limited,
         "lateness": _histogram(raw, "lateness", LATENESS_BUCKETS),
         "latency": _histogram(raw, "latency", LATENCY_BUCKETS),
         "claim_to_start": _histogram(raw, "c2s", START_BUCKETS),

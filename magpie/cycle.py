@@ -10,14 +10,19 @@ side, which runs the leases, completes them and publishes their results, is :mod
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Callable
 
+import redis
+
 from magpie.queue import RouteQueue
+
+log = logging.getLogger(__name__)
 
 
 def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget: int, max_inflight: int,
-            pop_batch: int = 64, routes_per_task: int = 250, capacity: int | None = None) -> int:
+            pop_batch: int = 64, routes_per_task: int = 250, capacity: int | None = None, admit=None) -> int:
     """Claim due routes and dispatch them, ``routes_per_task`` leases per message; a lease of a route in
     quarantine (:attr:`Lease.alone`) goes in a message of its own.
 
@@ -31,7 +36,11 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
         routes_per_task: leases per check message.
         capacity: slots of the running check engines; outstanding leases never exceed it (0 claims
             nothing). None: no engine cap (tests and one-shot tools).
-    Returns the number of routes claimed. If ``dispatch`` raises, the claimed leases simply expire and the
+        admit: ``admit(leases) -> (go ahead, [(lease, defer ms)])``, e.g.
+            :meth:`magpie.ratelimit.WorkspaceBudget.admit`; a deferred lease ends its cycle at once and
+            comes back after its delay (``retry.lua``, not the route's fault). Deferred routes count
+            against ``budget``, not in the result. None: every claim goes ahead.
+    Returns the number of routes claimed and dispatched. If ``dispatch`` raises, the claimed leases simply expire and the
     routes come back (Redis, not the broker, is the source of truth).
     """
     if capacity is not None:
@@ -39,6 +48,7 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
         if max_inflight <= 0:
             return 0
     claimed = 0
+    popped = 0
     batch: list[dict] = []
 
     def send(dicts: list[dict]) -> None:
@@ -48,10 +58,15 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
         dispatch(dicts)
 
     try:
-        while claimed < budget:
-            leases = queue.pop(min(pop_batch, budget - claimed), max_inflight=max_inflight)
+        while popped < budget:
+            leases = queue.pop(min(pop_batch, budget - popped), max_inflight=max_inflight)
             if not leases:
                 break
+            popped += len(leases)
+            if admit is not None:
+                leases, deferred = admit(leases)
+                for le, delay_ms in deferred:
+                    _defer(queue, le, delay_ms)
             claimed += len(leases)
             now = time.time() * 1000
             for le in leases:
@@ -70,8 +85,19 @@ def promote(queue: RouteQueue, dispatch: Callable[[list[dict]], None], *, budget
     return claimed
 
 
+def _defer(queue: RouteQueue, lease, delay_ms: int) -> None:
+    """End ``lease``'s cycle unchecked and bring the route back after ``delay_ms`` (its lease expires
+    instead when the call fails)."""
+    from magpie.errors import MagpieError
+
+    try:
+        queue.retry(lease, delay_ms)
+    except (MagpieError, redis.RedisError, OSError) as exc:
+        log.debug("deferral of %s failed (%s); its lease expires instead", lease.member, type(exc).__name__)
+
+
 def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[dict]], None], *,
-                          capacity: int | None) -> int:
+                          capacity: int | None, workspace_budget=None) -> int:
     """:func:`promote` with the deployment's limits: one beat-triggered promote pass.
 
     Args:
@@ -81,6 +107,8 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
         dispatch: sends one check message (a list of :meth:`Lease.to_dict` dicts).
         capacity: check slots the running engines announce
             (:meth:`magpie.queue.capacity.CapacityRegistry.total`); see :func:`promote`.
+        workspace_budget: a :class:`magpie.ratelimit.WorkspaceBudget` deferring claims of workspaces over
+            their checks/s (None: no per-workspace limit).
     Returns the number of routes claimed.
 
     ``MAGPIE_PROMOTE_BUDGET`` holds per second across concurrent passes (two beats, a restart's burst):
@@ -99,7 +127,8 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
     per_task = min(sched.routes_per_task, fair_share(granted, shares.engines))  # every engine gets leases
     # If promote raises, nothing is handed back: the bucket errs on the safe side.
     claimed = promote(queue, dispatch, budget=granted, max_inflight=sched.max_inflight,
-                      pop_batch=sched.pop_batch, routes_per_task=per_task, capacity=capacity)
+                      pop_batch=sched.pop_batch, routes_per_task=per_task, capacity=capacity,
+                      admit=workspace_budget.admit if workspace_budget is not None else None)
     if claimed < granted:
         give_back_promote_budget(queue, granted - claimed, second)
     return claimed

@@ -156,6 +156,9 @@ class MagpieCollector:
         from magpie.judges.metrics import cache_families
 
         yield from cache_families(r, prefix)
+        from magpie.apitokens.ratelimit import families as api_families
+
+        yield from api_families(r, prefix)
 
     @staticmethod
     def _leaders(r: redis_lib.Redis, prefix: str) -> GaugeMetricFamily:
@@ -342,6 +345,16 @@ def _counter_families(c: dict):
     for policy, n in sorted(({p: 0 for p in _overflow_policies()} | c["dropped"]).items()):
         dropped.add_metric([policy], n)
     yield dropped
+    from magpie.ratelimit import EVENTS
+
+    limited = CounterMetricFamily(
+        "magpie_rate_limited",
+        "Rate-limit events: judge waited / handed_back, workspace deferred, rotator refused, unavailable (Redis "
+        "could not be asked; not limited)", labels=["limiter", "event"])
+    known = {(k, e): 0 for k, events in EVENTS.items() for e in events}
+    for (kind, event), n in sorted((known | c.get("limited", {})).items()):
+        limited.add_metric([kind, event], n)
+    yield limited
 
 
 def _stream_families(r: redis_lib.Redis, prefix: str):

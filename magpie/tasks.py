@@ -27,9 +27,12 @@ def promote() -> int:
     """Beat-triggered: claim due routes (bounded by the check engines' free slots, the budget and
     MAGPIE_MAX_INFLIGHT) and dispatch check messages; returns the count claimed."""
     from magpie.cycle import promote_with_settings
+    from magpie.ratelimit import WorkspaceBudget
 
-    return promote_with_settings(runtime.route_queue(), runtime.settings().schedule, _dispatch_checks,
-                                 capacity=runtime.capacity_registry().total())
+    queue = runtime.route_queue()
+    return promote_with_settings(queue, runtime.settings().schedule, _dispatch_checks,
+                                 capacity=runtime.capacity_registry().total(),
+                                 workspace_budget=WorkspaceBudget.from_settings(queue.redis, runtime.settings()))
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)
@@ -69,6 +72,17 @@ def maintenance_rebuild_schedule() -> dict:
     from magpie.maintenance.rebuild import rebuild_schedule
 
     return rebuild_schedule(runtime.settings(), engine=runtime.engine(), queue=runtime.route_queue())
+
+
+@app.task(name="magpie.maintenance.fetch_sources", ignore_result=True)
+def maintenance_fetch_sources() -> dict:
+    """Beat-triggered: claim due proxy-list sources, fetch and import them (magpie.sources.runner.run_due);
+    returns the outcome counts."""
+    from magpie.sources.runner import run_due
+
+    out = run_due(runtime.settings(), runtime.engine(), runtime.redis_client(), runtime.route_queue())
+    out.pop("results")
+    return out
 
 
 # -- alerts, webhook delivery and the email outbox ------------------------------------------------------

@@ -82,6 +82,7 @@ TICKS: dict[str, object] = {
     "magpie.email.housekeeping": did_work,
     "magpie.alerts.evaluate": _alerts_worked,
     "magpie.maintenance.run": _maintenance_worked,
+    "magpie.maintenance.fetch_sources": did_work,
 }
 """Tasks beat triggers on a cadence whatever there is to do -> the predicate telling, from the task's
 return value, whether a run did work (and so is reported)."""

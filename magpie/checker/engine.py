@@ -157,6 +157,10 @@ class CheckEngine:
             (:mod:`magpie.judges.rules`).
         resolver: ``await resolver(host, port) -> list[str]`` resolving host names (a shared
             :class:`magpie.judges.dns.DnsCache`); default: the loop's ``getaddrinfo`` on every call.
+        limiter / rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
+            requests per second across the deployment (<= 0: unlimited). Each attempt takes a token
+            first; a check that cannot get one in time ends with error ``"RateLimited"`` and
+            ``judge_fault`` set (the route is retried, not recorded).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap, or a judge URL that
     is not http(s) with a host. An instance belongs to one event loop once it has run a check.
@@ -165,7 +169,7 @@ class CheckEngine:
     def __init__(self, judge_url: str, timeout: float = 10.0, attempts: int = 2, body_cap: int = 2048, *,
                  connect_timeout: float | None = None, own_addresses: Iterable[str] | None = None,
                  ssl_context: ssl.SSLContext | None = None, egress: EgressPolicy | None = None,
-                 rule: str = "echo", resolver=None) -> None:
+                 rule: str = "echo", resolver=None, limiter=None, rate: float = 0.0) -> None:
         if not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
         if attempts < 1:
@@ -213,6 +217,12 @@ class CheckEngine:
         self._probe_at = 0.0
         self._probe_ok = True
         self._judge_refused_logged = -_JUDGE_REFUSED_LOG_EVERY_S
+        self.limiter = limiter if rate and rate > 0 else None
+        self.rate = float(rate or 0.0)
+        if self.limiter is not None:
+            from magpie.ratelimit import judge_bucket_name
+
+            self._bucket = judge_bucket_name(judge_url)
 
     @classmethod
     def from_settings(cls, settings) -> CheckEngine:
@@ -415,24 +425,31 @@ class CheckEngine:
             return CheckResult(False, None, None, 0, "UnsupportedProtocol", None, None, self.judge_url, now_ms())
         last: _Attempt | None = None
         made = 0
+        start_by = None  # loop time by which an attempt must start to end within max_check_seconds
+        if self.limiter is not None:
+            start_by = asyncio.get_running_loop().time() + self.max_check_seconds - self.timeout
         for n in range(1, self.attempts + 1):
             if before_attempt is not None and not before_attempt(n):
                 return CheckResult(False, None, last.status if last else None, made, "Aborted",
                                    self._body(last.raw, route) if last else None, None, self.judge_url, now_ms())
+            if start_by is not None and not await self.limiter.acquire(self._bucket, self.rate, start_by):
+                return CheckResult(False, None, last.status if last else None, made, "RateLimited", None, None,
+                                   self.judge_url, now_ms(), judge_fault=True)
             made += 1
             last = await self._attempt(route)
             if last.ok or last.final:
                 break
         assert last is not None
-        anonymity = None
+        anonymity = exit_ip = None
         if last.ok and last.echo is not None:
             own = await self._own_for_grading()
             anonymity = classify(last.echo, own) if own else None
+            exit_ip = normalize_ip(last.echo["remote_addr"])
         return CheckResult(
             alive=last.ok, latency_ms=last.latency_ms if last.ok else None, status=last.status, attempts=made,
             error=None if last.ok else last.error, body=self._body(last.raw, route), anonymity=anonymity,
             judge=self.judge_url, checked_at_ms=now_ms(), connect_ms=last.connect_ms,
-            handshake_ms=last.handshake_ms)
+            handshake_ms=last.handshake_ms, exit_ip=exit_ip)
 
     # -- the judge itself ---------------------------------------------------------------------------
     async def _direct(self) -> tuple[_Attempt, str | None]:

@@ -71,6 +71,9 @@ class CheckResult:
         handshake_ms: milliseconds of the last attempt's proxy handshake (CONNECT or SOCKS, and TLS to an
             https judge) after the connect; None when it had none (plain HTTP to an http judge) or did
             not finish it.
+        exit_ip: the address the judge saw the request come from (its echo's ``remote_addr``,
+            normalized): the proxy's exit address, which may differ from the route's entry host; None
+            when no echo came back.
     """
 
     alive: bool
@@ -86,6 +89,7 @@ class CheckResult:
     judge_fault: bool = False
     connect_ms: float | None = None
     handshake_ms: float | None = None
+    exit_ip: str | None = None
 
 
 def proxy_url(route: Route) -> str:

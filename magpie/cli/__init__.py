@@ -25,6 +25,9 @@ import click
 from magpie.cli import alerts, checks, db, keys, lab, maintenance, monitoring, outbox, queue, routes
 from magpie.cli import blacklists, init, instances, judges, rotators, stats, web
 from magpie.cli import bulk
+from magpie.cli import export as export_cmd
+from magpie.cli import tokens
+from magpie.cli import sources
 from magpie.cli import examples as _examples
 from magpie.cli.context import CliState
 from magpie.cli.output import echo_json
@@ -120,7 +123,7 @@ def main() -> None:
 
 
 for _module in (db, routes, queue, checks, lab, alerts, outbox, maintenance, monitoring, keys, stats, judges,
-                blacklists, instances, rotators, web, init, bulk):
+                blacklists, instances, rotators, web, init, bulk, export_cmd, tokens, sources):
     for _command in _module.COMMANDS:
         main.add_command(_command)
 del _module, _command

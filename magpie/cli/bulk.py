@@ -96,6 +96,48 @@ def workspaces_delete(state: CliState, name: str, dry_run: bool, yes: bool, as_j
         raise SystemExit(1)
 
 
+@workspaces.command("set-interval")
+@click.argument("name")
+@click.argument("interval", required=False)
+@click.option("--dead-after", type=click.IntRange(1, 1_000_000),
+              help="Dead-route policy: after this many dead checks in a row ...")
+@click.option("--dead-factor", type=click.IntRange(2, 1000), default=4, show_default=True,
+              help="... check every FACTOR x the interval until alive again.")
+@click.option("--clear", is_flag=True, help="Drop the workspace's interval and dead-route policy.")
+@json_option
+@pass_state
+def workspaces_set_interval(state: CliState, name: str, interval: str | None, dead_after: int | None,
+                            dead_factor: int, clear: bool, as_json: bool) -> None:
+    """Set workspace NAME's check interval (and optionally its dead-route policy), then move its routes
+    into it (resumable: run it again after an interruption). A route in several workspaces takes the
+    shortest interval; a route's own interval (`magpie queue set-interval`) wins. Redis schedule only.
+
+    \b
+    Example:
+      magpie workspaces set-interval acme 60s
+      magpie workspaces set-interval acme 5m --dead-after 3 --dead-factor 4
+      magpie workspaces set-interval acme --clear --json
+    """
+    from magpie.cli.progress import progress
+    from magpie.cli.queue import Duration
+    from magpie.judges.store import workspace_id
+
+    if clear and (interval or dead_after):
+        raise click.UsageError("--clear takes no INTERVAL or --dead-after")
+    if not clear and not (interval or dead_after):
+        raise click.UsageError("give INTERVAL (e.g. 60s), --dead-after N, or --clear")
+    ms = Duration().convert(interval, None, None) if interval else 0
+    with state.engine.connect() as conn:
+        wid = workspace_id(conn, name)
+    with progress("walking routes") as update:
+        out = state.queue.set_workspace_cadence(
+            wid, interval_ms=ms, dead_after=0 if clear else (dead_after or 0),
+            dead_factor=dead_factor if dead_after and not clear else 0,
+            progress=lambda c: update(c["shard"], state.queue.shards))
+    out = {"workspace": name, "interval_ms": ms or None, "dead_after": dead_after if not clear else None, **out}
+    _emit(as_json, out, f"workspace {name!r}: {out['routes']} routes, {out['moved']} moved into the new interval")
+
+
 @click.group()
 def bulk() -> None:
     """Bulk operator verbs: remove routes by filter, reprocess dead letters, retry failed deliveries."""

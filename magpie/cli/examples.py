@@ -77,6 +77,7 @@ EXAMPLES: dict[str, list[str]] = {
     "stats usage": ["magpie stats usage --workspace acme --days 7"],
     "judges add": ["magpie judges add https://judge.example/echo --workspace acme"],
     "judges remove": ["magpie judges remove 2"],
+    "judges rate": ["magpie judges rate 2 50", "magpie judges rate https://judge.example/echo default"],
     "judges list": ["magpie judges list --json"],
     "judges check": ["magpie judges check 2"],
     "profiles show": ["magpie profiles show acme"],
@@ -94,6 +95,8 @@ EXAMPLES: dict[str, list[str]] = {
     "rotators list": ["magpie rotators list --json"],
     "rotator": ["MAGPIE_ROTATOR_METRICS_PORT=9102 magpie rotator"],
     "web": ["MAGPIE_WEB_TOKEN=... magpie web --host 127.0.0.1 --port 8080"],
+    "export": ["magpie export --workspace acme --alive --protocol socks5 --max-latency 800 --format url",
+               "magpie export --workspace acme --min-score 70 --format csv -o good.csv"],
 }
 
 

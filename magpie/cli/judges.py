@@ -15,7 +15,7 @@ import click
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, rows_table
 
-_JUDGE_COLS = ("id", "workspace", "url", "rule", "enabled", "health", "last_error", "last_checked_at",
+_JUDGE_COLS = ("id", "workspace", "url", "rule", "rate", "enabled", "health", "last_error", "last_checked_at",
                "addresses")
 
 
@@ -39,9 +39,12 @@ def judges() -> None:
 @click.option("--workspace", help="Add to this workspace's pool (default: the global pool).")
 @click.option("--rule", default="echo", show_default=True, help="Valid answer: echo, status or contains:<text>.")
 @click.option("--disabled", is_flag=True, help="Store it disabled (not used by checks).")
+@click.option("--rate", type=float, default=None,
+              help="Requests per second across the deployment (0: unlimited; default: MAGPIE_JUDGE_RATE).")
 @json_option
 @pass_state
-def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disabled: bool, as_json: bool) -> None:
+def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disabled: bool, rate: float | None,
+               as_json: bool) -> None:
     """Add the judge at URL (http or https)."""
     from magpie.judges.store import add_judge
 
@@ -50,10 +53,30 @@ def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disa
 
         guard = EgressPolicy(state.settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
         row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, egress=guard,
-                        **_changed(state))
+                        rate=rate, **_changed(state))
     _emit(as_json, row)
     if not as_json:
         click.echo(f"judge {row['id']} added: {row['url']} ({row['workspace'] or 'global'} pool)")
+
+
+@judges.command("rate")
+@click.argument("judge")
+@click.argument("rate")
+@click.option("--workspace", help="The pool the URL is in (default: the global pool).")
+@json_option
+@pass_state
+def judges_rate(state: CliState, judge: str, rate: str, workspace: str | None, as_json: bool) -> None:
+    """Set JUDGE's (id or URL) RATE: requests per second across the deployment, 0 unlimited, or
+    "default" for MAGPIE_JUDGE_RATE."""
+    from magpie.judges.store import set_judge_rate
+
+    with user_errors(ValueError):
+        row = set_judge_rate(state.engine, judge, None if rate == "default" else rate, workspace=workspace,
+                             **_changed(state))
+    _emit(as_json, row)
+    if not as_json:
+        shown = "default (MAGPIE_JUDGE_RATE)" if row["rate"] is None else f"{row['rate']:g}/s"
+        click.echo(f"judge {row['id']} rate: {shown}")
 
 
 @judges.command("remove")
@@ -83,7 +106,8 @@ def judges_list(state: CliState, workspace: str | None, as_json: bool) -> None:
     if as_json:
         _emit(True, rows)
         return
-    rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"], r["enabled"],
+    rows_table("judges", _JUDGE_COLS, [[r["id"], r["workspace"] or "global", r["url"], r["rule"],
+                                        "default" if r["rate"] is None else f"{r['rate']:g}/s", r["enabled"],
                                         r["health"], r["last_error"], r["last_checked_at"],
                                         ",".join(r["addresses"] or [])] for r in rows])
 

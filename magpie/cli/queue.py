@@ -349,3 +349,41 @@ def queue_rebuild(state: CliState, as_json: bool) -> None:
 
 register_lease_verbs(queue)  # claim, heartbeat, complete, in-flight (magpie.cli.queue_lease)
 COMMANDS = [queue]
+
+
+class Duration(click.ParamType):
+    """A duration: ``60s``, ``5m``, ``1h``, ``1500ms`` or plain seconds (``90``); converted to ms (at least 1 s)."""
+
+    name = "duration"
+    _UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+    def convert(self, value, param, ctx) -> int:
+        if isinstance(value, int):
+            return value
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*", str(value))
+        if not m:
+            self.fail(f"expected a duration like 60s, 5m or 1h, got {value!r}", param, ctx)
+        ms = int(float(m.group(1)) * self._UNITS[m.group(2) or "s"])
+        if not 1000 <= ms <= 30 * 86_400_000:
+            self.fail(f"a duration must be within 1s..30d, got {value!r}", param, ctx)
+        return ms
+
+
+@queue.command("set-interval")
+@click.argument("route_hash", callback=_route_hash)
+@click.argument("interval", type=Duration(), required=False)
+@click.option("--clear", is_flag=True, help="Drop the route's own interval (back to its workspaces' or the global).")
+@json_option
+@pass_state
+def queue_set_interval(state: CliState, route_hash: str, interval: int | None, clear: bool, as_json: bool) -> None:
+    """Give one route its own check interval (or --clear it). Its next due moves into the new interval when
+    it is due later; a running check's completion applies it. Redis schedule only.
+
+    \b
+    Example:
+      magpie queue set-interval 0123456789abcdef01234567 60s
+      magpie queue set-interval 0123456789abcdef01234567 --clear --json
+    """
+    if clear == (interval is not None):
+        raise click.UsageError("give either INTERVAL (e.g. 60s) or --clear")
+    _emit(as_json, state.queue.set_route_interval(route_hash, None if clear else interval))

@@ -9,8 +9,10 @@ from magpie.cli.output import echo_json, rows_table
 from magpie.errors import MagpieError
 
 
-def _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports=None) -> dict:
+def _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports=None, exit_country=None) -> dict:
     out = {}
+    if exit_country is not None:
+        out["exit_country"] = exit_country
     if allowed_ports is not None:
         out["allowed_ports"] = allowed_ports
     if protocols is not None:
@@ -33,6 +35,8 @@ def _filter_options(f):
         click.option("--max-latency", "max_latency", type=float, default=None, help="Most latency (ms)."),
         click.option("--reputation", default=None, type=click.Choice(["good", "neutral", "poor"])),
         click.option("--country", default=None, help="Two-letter country codes, e.g. DE,NL."),
+        click.option("--exit-country", "exit_country", default=None,
+                     help="Two-letter country codes of the exit address the judge saw, e.g. DE,NL."),
         click.option("--allowed-ports", "allowed_ports", default=None,
                      help="Destination ports clients may reach, e.g. 80,443,8000-8100 (default: "
                           "MAGPIE_ROTATOR_ALLOWED_PORTS)."),
@@ -60,8 +64,8 @@ def rotators() -> None:
 @json_option
 @pass_state
 def rotators_add(state: CliState, name, workspace, listen, port, username, password_env, password_stdin, policy,
-                 sticky_seconds, protocols, anonymity, max_latency, reputation, country, allowed_ports,
-                 as_json) -> None:
+                 sticky_seconds, protocols, anonymity, max_latency, reputation, country, exit_country,
+                 allowed_ports, as_json) -> None:
     """Create a rotator NAME (refused: port_taken, range_exhausted, no_such_workspace).
 
     Without credentials it is open to anyone who reaches its port, so it is served on loopback only."""
@@ -70,7 +74,8 @@ def rotators_add(state: CliState, name, workspace, listen, port, username, passw
     password = _password(password_env, password_stdin)
     got = add_rotator(state.engine, state.keyring, name=name, workspace=workspace, ports=state.settings.rotator_ports,
                       listen=listen, port=port, username=username, password=password,
-                      filters=_filters(protocols, anonymity, max_latency, reputation, country, allowed_ports),
+                      filters=_filters(protocols, anonymity, max_latency, reputation, country, allowed_ports,
+                                       exit_country),
                       policy=policy, sticky_seconds=sticky_seconds, redis=state.redis,
                       prefix=state.settings.redis_prefix)
     if as_json:
@@ -127,7 +132,7 @@ def _password(env_var: str | None, from_stdin: bool) -> str | None:
 @pass_state
 def rotators_update(state: CliState, name, listen, port, username, password_env, password_stdin, no_auth, policy,
                     sticky_seconds, enabled, clear_filters, protocols, anonymity, max_latency, reputation, country,
-                    allowed_ports, as_json) -> None:
+                    exit_country, allowed_ports, as_json) -> None:
     """Change rotator NAME; running listeners apply it without a restart."""
     from magpie.rotator.service import get_rotator, update_rotator
 
@@ -147,7 +152,7 @@ def rotators_update(state: CliState, name, listen, port, username, password_env,
         changes["sticky_seconds"] = sticky_seconds
     if enabled is not None:
         changes["enabled"] = enabled
-    new = _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports)
+    new = _filters(protocols, anonymity, max_latency, reputation, country, allowed_ports, exit_country)
     if new or clear_filters:
         base = {} if clear_filters else dict(get_rotator(state.engine, name)["filters"])
         base.update(new)

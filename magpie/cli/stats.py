@@ -153,3 +153,28 @@ def stats_usage(state: CliState, workspace: str | None, days: int, as_json: bool
 
 
 COMMANDS = [stats]
+
+
+@stats.command("list-sources")
+@_workspace
+@json_option
+@pass_state
+def stats_list_sources(state: CliState, workspace: str | None, as_json: bool) -> None:
+    """Per proxy-list source (`magpie sources`), live: routes it brought that are still in its workspace,
+    how many are alive at their latest check, alive %.
+
+    \b
+    Example:
+      magpie stats list-sources --workspace acme
+    """
+    from magpie.sources.store import source_stats
+
+    rows = source_stats(state.engine, workspace)
+    if as_json:
+        echo_json(rows)
+        return
+    rows_table("proxy-list source statistics", ["id", "workspace", "url", "routes", "alive", "alive %",
+                                                "last status"],
+               [[r["id"], r["workspace"], r["url"], r["routes"], r["alive"], _pct(r["alive"], r["routes"]),
+                 r["last_status"] + (" (dead-lettered)" if r["dead_lettered"] else "") if r["last_status"]
+                 else None] for r in rows])

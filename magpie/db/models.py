@@ -117,6 +117,7 @@ class CheckHistory(Base):
     body: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     judge: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     stream_id: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    exit_ip: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
 
 
 class RouteHealth(Base):
@@ -124,9 +125,15 @@ class RouteHealth(Base):
 
     ``consecutive_failures`` counts failed checks since the newest alive one (0 after an alive check);
     ``checks_total`` / ``alive_total`` count every ingested result, including ones that arrived late.
+    ``exit_ip`` is the address the judge saw the newest answered check come from (kept across failed
+    checks, which see none); ``exit_country`` / ``exit_asn`` its GeoIP enrichment at ``exit_geo_revision``.
     """
 
     __tablename__ = "route_health"
+    __table_args__ = (
+        sa.Index("ix_route_health_exit_country", "exit_country",
+                 postgresql_where=sa.text("exit_country IS NOT NULL")),
+    )
 
     route_id: Mapped[int] = mapped_column(
         sa.BigInteger, sa.ForeignKey("routes.id", ondelete="CASCADE"), primary_key=True
@@ -142,6 +149,10 @@ class RouteHealth(Base):
     alive_total: Mapped[int] = mapped_column(sa.BigInteger, nullable=False, server_default="0")
     consecutive_failures: Mapped[int] = mapped_column(sa.Integer, nullable=False, server_default="0")
     last_alive_at: Mapped[datetime | None] = mapped_column(sa.DateTime(timezone=True), nullable=True)
+    exit_ip: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    exit_country: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    exit_asn: Mapped[int | None] = mapped_column(sa.BigInteger, nullable=True)
+    exit_geo_revision: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(
         sa.DateTime(timezone=True), nullable=False, server_default=_now
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import date, datetime
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql as pg
 from sqlalchemy.orm import Mapped, mapped_column
 
 from magpie.db.models import Base
@@ -146,7 +147,19 @@ class WorkspaceUsage(Base):
     updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
 
 
-__all__ = [
+class DashboardSnapshot(Base):
+    """One stored chart sample of the dashboard (job ``dashboard_snapshot``, migration ``0012``): the
+    cumulative counters and schedule totals of :func:`magpie.web.samples.take_sample` as JSON."""
+
+    __tablename__ = "dashboard_snapshots"
+    __table_args__ = (sa.Index("ix_dashboard_snapshots_taken_at", "taken_at"),)
+
+    id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(), primary_key=True)
+    taken_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
+    sample: Mapped[dict] = mapped_column(pg.JSONB, nullable=False)
+
+
+__all__ = ["DashboardSnapshot", 
     "HourlyCount",
     "ReputationDirty",
     "RouteReputation",

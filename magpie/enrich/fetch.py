@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -62,8 +63,24 @@ def _addresses(host: str, port: int, policy: EgressPolicy, resolve) -> list[str]
     return out
 
 
+def _read_until(resp, limit: int, deadline: float, shown: str) -> bytes:
+    """Up to ``limit`` bytes of ``resp``, read as they arrive; :class:`FetchError` past ``deadline``."""
+    parts: list[bytes] = []
+    n = 0
+    while n < limit:
+        if time.monotonic() > deadline:
+            raise FetchError(f"GET {shown} took too long (the whole list must arrive in time)")
+        part = resp.read1(min(65536, limit - n))
+        if not part:
+            break
+        parts.append(part)
+        n += len(part)
+    return b"".join(parts)
+
+
 def get(url: str, *, policy: EgressPolicy, timeout: float, max_bytes: int, headers: dict[str, str] | None = None,
-        fields: dict[str, str] | None = None, resolve=socket.getaddrinfo) -> Reply:
+        fields: dict[str, str] | None = None, resolve=socket.getaddrinfo,
+        total_timeout: float | None = None) -> Reply:
     """GET ``url`` (plus query ``fields``) after checking every address of its host against ``policy``.
 
     Args:
@@ -73,10 +90,12 @@ def get(url: str, *, policy: EgressPolicy, timeout: float, max_bytes: int, heade
         headers: extra request headers (an API key...); never put in messages.
         fields: query parameters, URL-encoded and appended.
         resolve: ``getaddrinfo``-compatible resolver (tests).
+        total_timeout: when given, seconds the whole body may take (a server that trickles bytes is cut).
     Returns:
         a :class:`Reply` of any status (the caller decides what a non-2xx means).
     Raises:
-        FetchError: bad URL, a refused or unresolvable host, a network error, or a body over ``max_bytes``.
+        FetchError: bad URL, a refused or unresolvable host, a network error, a body over ``max_bytes``, or
+            a body still arriving after ``total_timeout``.
     """
     try:
         parts = urlsplit(url)
@@ -109,7 +128,8 @@ def get(url: str, *, policy: EgressPolicy, timeout: float, max_bytes: int, heade
         resp = pool.urlopen("GET", path, headers=hdrs, redirect=False, retries=False, preload_content=False,
                             assert_same_host=False)
         try:
-            body = resp.read(max_bytes + 1)
+            body = resp.read(max_bytes + 1) if total_timeout is None else \
+                _read_until(resp, max_bytes + 1, time.monotonic() + total_timeout, f"{shown}:{port}")
         finally:
             resp.release_conn()
     except (urllib3.exceptions.HTTPError, OSError) as exc:

@@ -7,7 +7,10 @@ A pass, under the job's leader lock, every write fenced:
 2. enriches, in batches of ``MAGPIE_MAINTENANCE_BATCH_SIZE`` by route id, every route whose host is an IP address
    and that has no ``route_enrichment`` row or one of an older revision (the cursor and the revision it
    belongs to are saved; a new revision restarts the sweep);
-3. when an abuse provider is configured, scores routes never scored or scored longer ago than
+3. enriches the exit addresses the judges saw (``route_health.exit_ip``) the same way, into
+   ``route_health.exit_country`` / ``exit_asn`` (ingestion enriches them as it writes them when the files
+   are configured; this catches what it could not, and a new revision);
+4. when an abuse provider is configured, scores routes never scored or scored longer ago than
    ``MAGPIE_ABUSE_CACHE_TTL``, until the provider's rate limit says wait (the rest is left to the next pass).
 
 Unconfigured (no GeoIP file, no abuse key): the pass does nothing and says so. A file that cannot be read
@@ -49,6 +52,35 @@ _ABUSE_SET = """
     INSERT INTO route_enrichment (route_id, abuse_score, abuse_checked_at) VALUES (:i, :s, now())
     ON CONFLICT (route_id) DO UPDATE SET abuse_score = EXCLUDED.abuse_score, abuse_checked_at = now()
 """
+
+
+_EXIT_STALE = """
+    SELECT route_id, exit_ip FROM route_health
+    WHERE route_id > :after AND exit_ip IS NOT NULL AND exit_geo_revision IS DISTINCT FROM :rev
+    ORDER BY route_id LIMIT :batch
+"""
+_EXIT_SET = """
+    UPDATE route_health AS h SET exit_country = x.c, exit_asn = x.a, exit_geo_revision = :rev
+    FROM unnest(CAST(:ids AS bigint[]), CAST(:ips AS text[]), CAST(:c AS text[]), CAST(:a AS bigint[]))
+         AS x(i, ip, c, a)
+    WHERE h.route_id = x.i AND h.exit_ip = x.ip
+"""
+
+
+def write_exit_geo(conn: sa.Connection, geo, rows) -> int:
+    """Look up and store the exit enrichment of ``rows`` (``(route_id, exit_ip)``) at ``geo``'s revision
+    (a row whose exit address changed meanwhile is left alone); returns the rows looked up. Raises
+    :class:`magpie.enrich.geo.GeoError` for an unreadable file."""
+    ids, ips, c, a = [], [], [], []
+    for rid, ip in rows:
+        info = geo.lookup(ip)
+        ids.append(rid)
+        ips.append(ip)
+        c.append(info.country if info else None)
+        a.append(info.asn if info else None)
+    if ids:
+        conn.execute(sa.text(_EXIT_SET), {"ids": ids, "ips": ips, "c": c, "a": a, "rev": geo.revision})
+    return len(ids)
 
 
 def write_geo(conn: sa.Connection, geo, rows) -> int:
@@ -153,6 +185,24 @@ class GeoEnrichmentJob(Job):
                 ctx.tick()
                 if complete:
                     break
+            out["exits_enriched"] = 0
+            exit_after = int(ctx.state.get("exit_after", 0)) if ctx.state.get("revision") == geo.revision else 0
+            exits_done = False
+            while complete and not ctx.should_stop():
+                with ctx.engine.begin() as conn:
+                    ctx.fence(conn)
+                    rows = conn.execute(sa.text(_EXIT_STALE), {"after": exit_after, "rev": geo.revision,
+                                                               "batch": ctx.batch_size}).all()
+                    out["exits_enriched"] += write_exit_geo(conn, geo, rows)
+                    if rows:
+                        exit_after = rows[-1][0]
+                    exits_done = len(rows) < ctx.batch_size
+                    ctx.save_state({"after": 0, "exit_after": 0 if exits_done else exit_after,
+                                    "revision": geo.revision}, conn)
+                ctx.tick()
+                if exits_done:
+                    break
+            complete = complete and exits_done
         if client is not None:
             _abuse(ctx, client, out)
             complete = complete and not out["abuse_rate_limited"]

@@ -139,7 +139,7 @@ def require_schema(engine) -> None:
 
 def import_file(path, workspace: str, settings: Settings, *, protocol: str = "http", dry_run: bool = False,
                 progress: Callable[[int, int], None] | None = None, queue=None, engine=None,
-                fmt: str = "auto") -> ImportReport:
+                fmt: str = "auto", on_stored: Callable[[list[int]], None] | None = None) -> ImportReport:
     """Import the proxy list at ``path`` (a file name, or an open binary stream such as stdin) into
     ``workspace``.
 
@@ -149,6 +149,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
             line when a field looks like a country or anonymity code).
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
         queue / engine: a :class:`RouteQueue` and SQLAlchemy engine (default: from ``settings``).
+        on_stored: called with the route ids of each chunk once PostgreSQL stored it for the workspace.
     Raises ``ValueError`` for an unknown default protocol or format, an empty workspace name or one with
     control characters; ``OSError``
     when the file cannot be read; :class:`SchemaMissing` when the database is not migrated (checked
@@ -201,6 +202,8 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
         chunk = routes[off: off + CHUNK]
         store = upsert_routes(engine, keyring, workspace.strip(), chunk)
         record_import_source(engine, store.workspace_id, [r.route_id for r in store.routes], path)
+        if on_stored is not None:
+            on_stored([r.route_id for r in store.routes])
         report.imported += len(store.new_members)
         report.duplicates += len(store.already_members)
         report.flagged += flag_imported(engine, [row.route_id for row in store.routes])

@@ -45,9 +45,11 @@ class ProfiledEngine:
         settings: :class:`magpie.config.Settings` (defaults, failovers, bounds, egress, CA bundle).
         cache: the process's :class:`ConfigCache` (started by the caller).
         dns: the shared DNS cache (default: one from the settings).
+        limiter: the process's judge :class:`magpie.ratelimit.BlockLimiter` (None: judges unlimited);
+            a judge's rate is its ``rate`` column, else ``MAGPIE_JUDGE_RATE``.
     """
 
-    def __init__(self, settings, cache: ConfigCache, dns: DnsCache | None = None) -> None:
+    def __init__(self, settings, cache: ConfigCache, dns: DnsCache | None = None, limiter=None) -> None:
         from magpie.egress import EgressPolicy
 
         c = settings.checks
@@ -74,6 +76,9 @@ class ProfiledEngine:
         self.judge_url = c.judge_url
         self.failed_over = 0
         self.judge_faults = 0
+        self.limiter = limiter
+        self.judge_rate = float(getattr(settings, "judge_rate", 0.0) or 0.0)
+        self.rate_limited = 0
 
     # -- pools and engines ------------------------------------------------------------------------------
     def pools(self) -> JudgePools:
@@ -89,7 +94,8 @@ class ProfiledEngine:
     def engine_for(self, judge: JudgeInfo, timeout: float, attempts: int, rule: str | None) -> CheckEngine:
         """The engine checking through ``judge`` with these deadlines and rule (built on first use)."""
         rule = rule or judge.rule
-        key = (judge.url, timeout, attempts, rule)
+        rate = judge.rate if judge.rate is not None else self.judge_rate
+        key = (judge.url, timeout, attempts, rule, rate)
         eng = self._engines.get(key)
         if eng is not None:
             return eng
@@ -102,7 +108,8 @@ class ProfiledEngine:
             ssl_context = self._ssl
         eng = CheckEngine(judge.url, timeout, attempts, self.body_cap,
                           connect_timeout=min(self.connect_timeout, timeout), egress=self.egress,
-                          ssl_context=ssl_context, rule=rule, resolver=self.dns)
+                          ssl_context=ssl_context, rule=rule, resolver=self.dns,
+                          limiter=self.limiter if rate > 0 else None, rate=rate)
         self._engines[key] = eng
         if len(self._engines) > _ENGINES_MAX:
             self._engines.popitem(last=False)
@@ -111,7 +118,8 @@ class ProfiledEngine:
     def stats(self) -> dict:
         """Figures of this engine's caches (DNS, plans) and judge failovers."""
         return {"dns": self.dns.stats(), "plans": self.plans.stats(), "engines": len(self._engines),
-                "failed_over": self.failed_over, "judge_faults": self.judge_faults}
+                "failed_over": self.failed_over, "judge_faults": self.judge_faults,
+                "rate_limited": self.rate_limited}
 
     # -- checks -----------------------------------------------------------------------------------------
     async def _variant(self, route: Route, v: Variant, before_attempt) -> CheckResult:
@@ -123,6 +131,10 @@ class ProfiledEngine:
         eng = self.engine_for(judge, v.timeout, v.attempts, v.rule)
         started = time.monotonic()
         res = await eng.check(route, before_attempt)
+        if res.judge_fault:  # out of the judge's rate limit in time: retried, not the route's fault
+            self.rate_limited += 1
+            self.judge_faults += 1
+            return res
         if res.alive or res.error in _FINAL_ERRORS or not await eng.blame_judge(res, started):
             return res
         return await self._failover(route, v, before_attempt, judge, res, started)
@@ -139,6 +151,9 @@ class ProfiledEngine:
             eng = self.engine_for(judge, v.timeout, v.attempts, v.rule)
             t = time.monotonic()
             res = await eng.check(route, before_attempt)
+            if res.judge_fault:
+                self.rate_limited += 1
+                break
             if res.alive or res.error in _FINAL_ERRORS or not await eng.blame_judge(res, t):
                 self.failed_over += 1
                 return res
@@ -192,6 +207,9 @@ def profiled_engine(settings, engine, redis, *, subscribe: bool = True) -> Profi
     holder: dict = {}
     cache = ConfigCache(engine, redis, settings.redis_prefix, reconcile_s=settings.config_reconcile_seconds,
                         subscribe=subscribe, extra_stats=lambda: holder["e"].stats() if "e" in holder else {})
-    holder["e"] = eng = ProfiledEngine(settings, cache)
+    from magpie.ratelimit import BlockLimiter
+
+    limiter = BlockLimiter(redis, settings.redis_prefix, "judge", block=settings.judge_rate_block)
+    holder["e"] = eng = ProfiledEngine(settings, cache, limiter=limiter)
     cache.start()
     return eng

@@ -35,6 +35,7 @@ class Judge(Base):
     __table_args__ = (
         sa.CheckConstraint("scheme IN ('http', 'https')", name="scheme"),
         sa.CheckConstraint(RULES_CHECK, name="rule"),
+        sa.CheckConstraint("rate IS NULL OR rate >= 0", name="rate"),
         sa.Index("ix_judges_scope_url", sa.text("coalesce(workspace_id, 0)"), "url", unique=True),
         sa.Index("ix_judges_workspace_id", "workspace_id"),
     )
@@ -45,6 +46,7 @@ class Judge(Base):
     url: Mapped[str] = mapped_column(sa.Text, nullable=False)
     scheme: Mapped[str] = mapped_column(sa.Text, nullable=False)
     rule: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="echo")
+    rate: Mapped[float | None] = mapped_column(sa.REAL, nullable=True)  # requests/s; NULL: MAGPIE_JUDGE_RATE
     enabled: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, server_default=sa.true())
     healthy: Mapped[bool] = mapped_column(sa.Boolean, nullable=False, server_default=sa.true())
     last_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)

@@ -42,6 +42,7 @@ class JudgeInfo:
     rule: str = DEFAULT_RULE
     healthy: bool = True
     workspace_id: int | None = None
+    rate: float | None = None  # requests/s across the deployment; None: MAGPIE_JUDGE_RATE, 0: unlimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,9 +101,10 @@ def load_snapshot(engine: Engine) -> Snapshot:
         conn = conn.execution_options(isolation_level="REPEATABLE READ")
         with conn.begin():
             rev = read_revision(conn)
-            judges = tuple(JudgeInfo(r.id, r.url, r.scheme, r.rule, r.healthy, r.workspace_id) for r in conn.execute(
-                sa.text("SELECT id, url, scheme, rule, healthy, workspace_id FROM judges WHERE enabled "
-                        "ORDER BY id")))
+            judges = tuple(JudgeInfo(r.id, r.url, r.scheme, r.rule, r.healthy, r.workspace_id, r.rate)
+                           for r in conn.execute(sa.text(
+                               "SELECT id, url, scheme, rule, healthy, workspace_id, rate FROM judges "
+                               "WHERE enabled ORDER BY id")))
             profiles = {r.workspace_id: Profile(r.workspace_id, tuple(r.protocols) if r.protocols else None,
                                                 r.timeout, r.attempts, r.judge_pool, r.rule, r.auto_remove_after)
                         for r in conn.execute(sa.text(
@@ -136,26 +138,64 @@ def validate_judge_url(url: str) -> str:
 # -- judges --------------------------------------------------------------------------------------------
 
 def add_judge(engine: Engine, url: str, *, workspace: str | None = None, rule: str = DEFAULT_RULE,
-              enabled: bool = True, redis=None, prefix: str = "", egress=None) -> dict:
+              enabled: bool = True, redis=None, prefix: str = "", egress=None, rate: float | None = None) -> dict:
     """Add a judge to the global pool (``workspace`` None) or a workspace's; returns its row as a dict.
 
     ``egress``: the checks' :class:`magpie.egress.EgressPolicy`; a judge it refuses without resolving (a
     private IP literal, ``localhost``) is refused here, not at the first check.
 
     Raises ``ValueError`` (bad URL or rule), :class:`magpie.egress.EgressRefused` (a host the checks may
-    not dial), :class:`MagpieError` (unknown workspace, URL already there)."""
+    not dial), :class:`MagpieError` (unknown workspace, URL already there). ``rate``: requests per
+    second the judge takes from the deployment (None: ``MAGPIE_JUDGE_RATE``; 0: unlimited)."""
     url = validate_judge_url(url)
+    rate = validate_rate(rate)
     rule = validate_rule(rule)
     if egress is not None:
         egress.check_host(urlsplit(url).hostname or "")
     with engine.begin() as conn:
         wid = workspace_id(conn, workspace) if workspace else None
         row = conn.execute(sa.text(
-            "INSERT INTO judges (workspace_id, url, scheme, rule, enabled) VALUES (:w, :u, :s, :r, :e) "
+            "INSERT INTO judges (workspace_id, url, scheme, rule, enabled, rate) VALUES (:w, :u, :s, :r, :e, :q) "
             "ON CONFLICT DO NOTHING RETURNING id"),
-            {"w": wid, "u": url, "s": urlsplit(url).scheme, "r": rule, "e": enabled}).scalar()
+            {"w": wid, "u": url, "s": urlsplit(url).scheme, "r": rule, "e": enabled, "q": rate}).scalar()
         if row is None:
             raise MagpieError(f"judge {url} is already in the {workspace or 'global'} pool")
+        rev = bump(conn)
+    notify(redis, prefix, rev)
+    return _judge_rows(engine, "j.id = :id", {"id": row})[0]
+
+
+def validate_rate(rate) -> float | None:
+    """A judge rate as stored: None (the default), or requests per second >= 0.
+    Raises ``ValueError`` naming the value otherwise."""
+    if rate is None:
+        return None
+    try:
+        value = float(rate)
+    except (TypeError, ValueError):
+        raise ValueError(f"judge rate must be a number of requests per second, got {rate!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"judge rate must be >= 0 requests per second, got {rate!r}")
+    return value
+
+
+def set_judge_rate(engine: Engine, ident: str, rate: float | None, *, workspace: str | None = None, redis=None,
+                   prefix: str = "") -> dict:
+    """Set the rate of a judge (id, or URL within ``workspace``'s pool): requests per second across the
+    deployment, 0 unlimited, None back to ``MAGPIE_JUDGE_RATE``. Returns its row. Raises ``ValueError``
+    (bad rate), :class:`MagpieError` (no such judge)."""
+    rate = validate_rate(rate)
+    with engine.begin() as conn:
+        wid = workspace_id(conn, workspace) if workspace else None
+        if ident.isdigit():
+            row = conn.execute(sa.text("UPDATE judges SET rate = :q WHERE id = :i RETURNING id"),
+                               {"q": rate, "i": int(ident)}).scalar()
+        else:
+            row = conn.execute(sa.text(
+                "UPDATE judges SET rate = :q WHERE url = :u AND coalesce(workspace_id, 0) = :w RETURNING id"),
+                {"q": rate, "u": ident, "w": wid or 0}).scalar()
+        if row is None:
+            raise MagpieError(f"no judge {ident!r} in the {workspace or 'global'} pool")
         rev = bump(conn)
     notify(redis, prefix, rev)
     return _judge_rows(engine, "j.id = :id", {"id": row})[0]
@@ -183,7 +223,7 @@ def _judge_rows(engine: Engine, where: str = "TRUE", params: dict | None = None)
     with engine.connect() as conn:
         rows = conn.execute(sa.text(
             "SELECT j.id, j.url, j.scheme, j.rule, j.enabled, j.healthy, j.last_error, j.last_checked_at, "
-            "j.last_ok_at, j.addresses, j.addresses_until, w.name AS workspace FROM judges j "
+            "j.last_ok_at, j.addresses, j.addresses_until, j.rate, w.name AS workspace FROM judges j "
             f"LEFT JOIN workspaces w ON w.id = j.workspace_id WHERE {where} ORDER BY j.id"), params or {})
         out = [dict(r._mapping) for r in rows]
     for row in out:  # a judge no probe has answered yet is not known to be healthy

@@ -27,6 +27,8 @@ JOBS: dict[str, Job] = {
         # jobs: reputation, rollups, instances
         *__import__("magpie.derived.jobs", fromlist=["JOBS"]).JOBS,
         # jobs: rotators
+        # jobs: dashboard history
+        __import__("magpie.derived.dashboard", fromlist=["JOB"]).JOB,
     )
 }
 """Job name -> :class:`Job`. Rollup runs before history retention so counters are taken first."""

@@ -117,7 +117,23 @@ class QueueKeys:
         """``checker_prefix + id`` holds one engine's slot count, expiring unless its heartbeat renews it."""
         return self.base + "checker:"
 
+    @property
+    def cadence(self) -> str:
+        """Per-route cadence state (hash): ``<m>`` own interval ms, ``<m>#r`` operator override ms,
+        ``<m>#p`` dead-route policy ``after:factor``, ``<m>#d`` dead checks in a row."""
+        return self.base + "proxy_cadence"
+
+    @property
+    def priority(self) -> str:
+        """The priority lane (sorted set member -> due ms): imports and check-now, claimed first."""
+        return self.base + "proxy_priority"
+
+    @property
+    def ws_cadence(self) -> str:
+        """Workspace cadences (hash): workspace id -> ``interval_ms:dead_after:dead_factor`` (0 = unset)."""
+        return self.base + "proxy_ws_cadence"
+
     def core(self) -> list[str]:
-        """The eight keys every script receives first, in ``lua/lib.lua`` order."""
+        """The eleven keys every script receives first, in ``lua/lib.lua`` order."""
         return [self.heads, self.leased, self.dead, self.dead_info, self.stalls, self.retries, self.paused,
-                self.progress]
+                self.progress, self.cadence, self.priority, self.ws_cadence]

@@ -64,10 +64,21 @@ class RouteQueue:
         log_limit: lines kept per route log.
         clock: tests only: a callable giving "now" in Unix ms passed to the scripts instead of the
             Redis server clock (``TIME``), which production always uses.
+        dead_after / dead_factor: the default dead-route policy (``MAGPIE_DEAD_BACKOFF_AFTER`` /
+            ``MAGPIE_DEAD_BACKOFF_FACTOR``): after ``dead_after`` dead checks in a row (0 = off) a route
+            waits ``dead_factor`` x its interval until a check finds it alive.
+        priority_share: fraction 0..1 of each claim the priority lane (new imports, check-now) may take
+            ahead of the due backlog (``MAGPIE_PRIORITY_SHARE``; 0 = no lane, claims in due order only).
     """
 
     def __init__(self, client: redis.Redis, keys: QueueKeys, interval_ms: int, lease_ms: int = 300_000,
-                 max_stalled: int = 3, log_limit: int = 100, clock: Callable[[], int] | None = None):
+                 max_stalled: int = 3, log_limit: int = 100, clock: Callable[[], int] | None = None,
+                 dead_after: int = 0, dead_factor: int = 1, priority_share: float = 0.0):
+        self.dead_after = int(dead_after)
+        self.dead_factor = max(1, int(dead_factor))
+        if not 0.0 <= float(priority_share) <= 1.0:
+            raise ValueError(f"priority_share must be within 0..1, got {priority_share!r}")
+        self.priority_share = float(priority_share)
         self.r = client
         self.keys = keys
         self.interval_ms = int(interval_ms)
@@ -88,7 +99,9 @@ class RouteQueue:
         sched = getattr(settings, "schedule", settings)
         client = client or redis.Redis.from_url(sched.redis_url)
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
-                lease_ms=sched.lease_ms, max_stalled=sched.max_stalled)
+                lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
+                dead_after=sched.dead_after, dead_factor=sched.dead_factor,
+                priority_share=sched.priority_share)
         q.check_layout()
         return q
 
@@ -167,7 +180,7 @@ class RouteQueue:
         before = time.time() * 1000
         raw = self.scripts.pop(keys=self._core, args=[
             self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
-            self.max_stalled])
+            self.max_stalled, repr(self.priority_share), k.shard(0)[:-1], k.shards])
         after = time.time() * 1000
         offset = float(_s(raw[0])) - (before + after) / 2
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
@@ -306,11 +319,13 @@ class RouteQueue:
         k = self.keys
         args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
                       stream.maxlen if stream else 0, stream.group if stream else "", k.payload_prefix,
-                      k.logs_prefix]
+                      k.logs_prefix, self.dead_after, self.dead_factor]
         for i, le in enumerate(leases):
-            fields = results[i] if results is not None and stream is not None else None
+            entry = results[i] if results is not None else None
+            fields = entry if stream is not None else None
             want = desired[i] if desired is not None else None
-            args += [le.member, le.lease_score, le.previous_score]
+            alive = -1 if not entry or "alive" not in entry else (1 if str(entry["alive"]) == "1" else 0)
+            args += [le.member, le.lease_score, le.previous_score, alive]
             args += [0] if want is None else [2, le.payload, want]
             args.append(len(fields) if fields else 0)
             if fields:
@@ -387,7 +402,8 @@ class RouteQueue:
             total: number of routes the spread is computed over (default: ``len(items)``).
             start_index: index of the first item within that spread (for chunked imports).
         Route i of ``total`` becomes due at now + i * interval / total. A route already stored keeps its
-        due time; only the new payload's workspace ids are merged into the stored one.
+        due time; only the new payload's workspace ids are merged into the stored one. With
+        :attr:`priority_share` > 0 new routes join the priority lane, claimed ahead of the due backlog.
         Returns ``{"new": n, "merged": n, "unchanged": n}``.
         """
         items = list(items)
@@ -398,7 +414,7 @@ class RouteQueue:
         pipe = self.r.pipeline(transaction=False)
         for off in range(0, len(items), batch):
             chunk = items[off: off + batch]
-            args: list = [self._now(), k.payload_prefix]
+            args: list = [self._now(), k.payload_prefix, "1" if self.priority_share > 0 else "0"]
             for j, (h, payload) in enumerate(chunk):
                 args += [h, payload, int((start_index + off + j) * step)]
             self.scripts.schedule(keys=self._core + [k.shard_of(h) for h, _ in chunk], args=args, client=pipe)
@@ -408,7 +424,8 @@ class RouteQueue:
         return counts
 
     def _at(self, member: str, mode: str, value: int) -> int:
-        res = self._one(self.scripts.enqueue_at, self.keys.shard_of(member), [self._now(), member, mode, int(value)])
+        res = self._one(self.scripts.enqueue_at, self.keys.shard_of(member),
+                        [self._now(), member, mode, int(value), "1" if self.priority_share > 0 else "0"])
         if is_refusal(res):
             raise refusal(res, member)
         return int(float(_s(res)))
@@ -484,6 +501,23 @@ class RouteQueue:
             return {"cursor": str(cursor), "moved": 0, "leased": 0, "placed": int(placed), "superseded": True}
         return {"cursor": _s(reply[0]), "moved": int(reply[1]), "leased": int(reply[2]), "placed": int(reply[3]),
                 "superseded": False}
+
+    # -- cadence (magpie.queue.cadence) ---------------------------------------------------------------
+    def set_route_interval(self, member: str, interval_ms: int | None) -> dict:
+        """Give one route its own interval, or clear it with None
+        (:func:`magpie.queue.cadence.set_route_interval`, whose reply and errors it has)."""
+        from magpie.queue.cadence import set_route_interval
+
+        return set_route_interval(self, member, interval_ms)
+
+    def set_workspace_cadence(self, workspace_id: int, *, interval_ms: int = 0, dead_after: int = 0,
+                              dead_factor: int = 0, progress=None) -> dict:
+        """Set or clear a workspace's interval and dead-route policy and walk its routes
+        (:func:`magpie.queue.cadence.set_workspace_cadence`, whose arguments, reply and errors it has)."""
+        from magpie.queue.cadence import set_workspace_cadence
+
+        return set_workspace_cadence(self, workspace_id, interval_ms=interval_ms, dead_after=dead_after,
+                                     dead_factor=dead_factor, progress=progress)
 
     # -- operator plane -------------------------------------------------------------------------------
     def pause(self) -> None:

@@ -1,6 +1,6 @@
 """Loads the Lua scripts in ``lua/`` once per client; redis-py runs them by EVALSHA (EVAL on NOSCRIPT).
 
-Each script is ``lua/lib.lua`` (shared helpers and the eight schedule keys) followed by the script's
+Each script is ``lua/lib.lua`` (shared helpers and the schedule keys) followed by the script's
 own file, so every transition stays one atomic script.
 """
 
@@ -24,7 +24,7 @@ LUA_DIR = _lua_dir()
 NAMES = (
     "pop", "renew", "complete", "retry", "remove", "progress", "log", "schedule",
     "enqueue_at", "reprocess", "admin_remove", "update", "respread", "drain", "obliterate", "release",
-    "respread_batch", "crashed",
+    "respread_batch", "crashed", "cadence",
 )
 
 

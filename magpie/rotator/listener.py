@@ -75,7 +75,8 @@ class ListenerSpec:
 class ListenerStats:
     """Counters of one listener: ``connections`` accepted, ``active`` now, ``refused`` (auth or protocol),
     ``no_route`` (every try failed or the pool was empty), ``upstream_failures``, ``bytes_up`` (client to
-    upstream), ``bytes_down``, ``auth_failures`` (wrong or throttled credentials), ``destination_refused``."""
+    upstream), ``bytes_down``, ``auth_failures`` (wrong or throttled credentials), ``destination_refused``,
+    ``rate_limited`` (connections refused over the per-client rate)."""
 
     connections: int = 0
     active: int = 0
@@ -86,6 +87,7 @@ class ListenerStats:
     bytes_down: int = 0
     auth_failures: int = 0
     destination_refused: int = 0
+    rate_limited: int = 0
 
 
 class _Refused(Exception):
@@ -107,13 +109,17 @@ class Listener:
         resolver: ``await resolver(host, port) -> list[str]`` for upstream names (default: getaddrinfo).
         throttle / auth_log: per-address backoff of failed authentications and their rate log (shared by
             the process's listeners; default: a private one each).
+        rate_limiter / client_rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``rotator``) and the
+            new connections per second one client address may open to this rotator across the
+            deployment (``MAGPIE_ROTATOR_CLIENT_RATE``; <= 0: unlimited). A connection over it is closed
+            at once, unread, and counted in :attr:`ListenerStats.rate_limited`.
     """
 
     def __init__(self, spec: ListenerSpec, pool: RoutePool, *, host: str = "127.0.0.1", tries: int = 3,
                  connect_timeout: float = 10.0, idle_timeout: float = 300.0, on_failure=None,
                  limit: asyncio.Semaphore | None = None, destinations: DestinationPolicy | None = None,
                  upstream_egress=None, resolver=system_resolver, throttle: FailureThrottle | None = None,
-                 auth_log: FailureLog | None = None):
+                 auth_log: FailureLog | None = None, rate_limiter=None, client_rate: float = 0.0):
         self.spec = spec
         self.pool = pool
         self.host = host
@@ -128,6 +134,8 @@ class Listener:
         self.throttle = throttle or FailureThrottle()
         self.auth_log = auth_log or FailureLog(log, "rotator: failed authentications")
         self.stats = ListenerStats()
+        self.rate_limiter = rate_limiter if client_rate and client_rate > 0 else None
+        self.client_rate = float(client_rate or 0.0)
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task] = set()
 
@@ -165,6 +173,13 @@ class Listener:
         self.stats.connections += 1
         self.stats.active += 1
         try:
+            if self.rate_limiter is not None and not await self.rate_limiter.try_acquire(
+                    f"{self.spec.rotator_id}:{self._client_key(writer)}", self.client_rate):
+                self.stats.rate_limited += 1
+                self.rate_limiter.counts.add("refused")
+                if self.rate_limiter.counts.due():
+                    asyncio.get_running_loop().run_in_executor(None, self.rate_limiter.flush)
+                raise _Refused
             if self.limit is not None:
                 async with self.limit:
                     await self._handle(reader, writer)

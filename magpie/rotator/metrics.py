@@ -4,7 +4,8 @@ Families (label ``rotator`` = the rotator's name): ``magpie_rotator_connections_
 ``magpie_rotator_active_connections``, ``magpie_rotator_bytes_total`` (label ``direction`` = ``up``: client
 to upstream, ``down``), ``magpie_rotator_upstream_failures_total``, ``magpie_rotator_no_route_total``,
 ``magpie_rotator_refused_total``, ``magpie_rotator_auth_failures_total`` (wrong or throttled
-credentials), ``magpie_rotator_destination_refused_total`` (destinations the policy refused) and
+credentials), ``magpie_rotator_destination_refused_total`` (destinations the policy refused),
+``magpie_rotator_rate_limited_total`` (connections over ``MAGPIE_ROTATOR_CLIENT_RATE``) and
 ``magpie_rotator_pool_size`` (eligible routes).
 """
 
@@ -37,6 +38,9 @@ class RotatorCollector:
                                    labels=["rotator"])
         dest = CounterMetricFamily("magpie_rotator_destination_refused", "Destinations the policy refused",
                                    labels=["rotator"])
+        limited = CounterMetricFamily("magpie_rotator_rate_limited",
+                                      "Connections refused: the client address was over MAGPIE_ROTATOR_CLIENT_RATE",
+                                      labels=["rotator"])
         pool = GaugeMetricFamily("magpie_rotator_pool_size", "Eligible routes", labels=["rotator"])
         for lis in list(self.proc.listeners.values()):
             n, st = lis.spec.name, lis.stats
@@ -49,8 +53,9 @@ class RotatorCollector:
             refused.add_metric([n], st.refused)
             auth.add_metric([n], st.auth_failures)
             dest.add_metric([n], st.destination_refused)
+            limited.add_metric([n], st.rate_limited)
             pool.add_metric([n], len(lis.pool))
-        yield from (conns, active, data, fails, none, refused, auth, dest, pool)
+        yield from (conns, active, data, fails, none, refused, auth, dest, limited, pool)
 
 
 def serve_metrics(proc, host: str, port: int) -> CollectorRegistry:

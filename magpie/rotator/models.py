@@ -24,7 +24,8 @@ class Rotator(Base):
     of a connection tells SOCKS5 from HTTP). ``password_enc`` is a Fernet token
     (:meth:`magpie.crypto.Keyring.encrypt`); the password is never stored in clear. ``filters`` is JSON:
     ``{"protocols": [...], "anonymity": [...], "max_latency_ms": n, "reputation": "good"|..., "country":
-    [...]}`` (every key optional). ``instance_id`` is the rotator process that runs it (None: unassigned);
+    [...], "exit_country": [...]}`` (every key optional; ``exit_country`` is the country of the address the
+    judge saw the route exit from). ``instance_id`` is the rotator process that runs it (None: unassigned);
     ``revision`` grows on every change, so a process applies each change once.
     """
 

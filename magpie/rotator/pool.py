@@ -63,6 +63,9 @@ def filter_sql(filters: dict, key: str = "") -> tuple[str, dict]:
         where.append("EXISTS (SELECT 1 FROM route_enrichment re WHERE re.route_id = r.id "
                      f"AND re.country = ANY(:{key}country))")
         params[f"{key}country"] = list(filters["country"])
+    if filters.get("exit_country"):  # where the judge saw the route exit (route_health.exit_country)
+        where.append(f"h.exit_country = ANY(:{key}exit_country)")
+        params[f"{key}exit_country"] = list(filters["exit_country"])
     return "".join(f" AND {w}" for w in where), params
 
 

@@ -225,6 +225,11 @@ class RotatorProcess:
             settings.rotator_allowed_ports, resolve_timeout=settings.rotator_connect_timeout)
         self.throttle = FailureThrottle()
         self.auth_log = FailureLog(log, "rotator: failed client authentications")
+        from magpie.ratelimit import BlockLimiter
+
+        self.client_rate = float(getattr(settings, "rotator_client_rate", 0.0) or 0.0)
+        self.rate_limiter = (BlockLimiter(redis, self.prefix, "rotator", block=16)
+                             if self.client_rate > 0 else None)
 
     # -- main loop -----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -378,7 +383,8 @@ class RotatorProcess:
         lis = Listener(spec, pool, host=self.s.rotator_host, tries=self.s.rotator_tries,
                        connect_timeout=self.s.rotator_connect_timeout, idle_timeout=self.s.rotator_idle_timeout,
                        on_failure=self._failed, limit=self.limit, destinations=self.destinations,
-                       upstream_egress=self.egress, throttle=self.throttle, auth_log=self.auth_log)
+                       upstream_egress=self.egress, throttle=self.throttle, auth_log=self.auth_log,
+                       rate_limiter=self.rate_limiter, client_rate=self.client_rate)
         try:
             await self._refresh_pool(lis)
             await lis.start()

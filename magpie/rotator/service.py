@@ -20,7 +20,8 @@ from magpie.db.models import Workspace
 from magpie.errors import MagpieError, Refusal, RefusedError
 from magpie.rotator.models import LISTEN_PROTOCOLS, POLICIES, Rotator
 
-FILTER_KEYS = ("protocols", "anonymity", "max_latency_ms", "reputation", "country", "allowed_ports")
+FILTER_KEYS = ("protocols", "anonymity", "max_latency_ms", "reputation", "country", "allowed_ports",
+               "exit_country")
 UPSTREAM_PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 REPUTATION = ("good", "neutral", "poor")
@@ -68,14 +69,15 @@ def check_filters(filters: dict) -> dict:
             raise RotatorError(f"filter {key!r}: unknown (accepted: {', '.join(FILTER_KEYS)})")
         if value in (None, "", []):
             continue
-        if key in ("protocols", "anonymity", "country"):
+        if key in ("protocols", "anonymity", "country", "exit_country"):
             items = [str(v).strip().lower() for v in (value.split(",") if isinstance(value, str) else value)]
             allowed = {"protocols": UPSTREAM_PROTOCOLS, "anonymity": ANONYMITY}.get(key)
             if allowed and any(v not in allowed for v in items):
                 raise RotatorError(f"filter {key}: expected values among {', '.join(allowed)}, got {value!r}")
-            if key == "country" and any(not re.fullmatch(r"[a-z]{2}", v) for v in items):
-                raise RotatorError(f"filter country: expected two-letter country codes, got {value!r}")
-            out[key] = items if key != "country" else [v.upper() for v in items]
+            countries = key in ("country", "exit_country")
+            if countries and any(not re.fullmatch(r"[a-z]{2}", v) for v in items):
+                raise RotatorError(f"filter {key}: expected two-letter country codes, got {value!r}")
+            out[key] = [v.upper() for v in items] if countries else items
         elif key == "max_latency_ms":
             try:
                 ms = float(value)

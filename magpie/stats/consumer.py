@@ -186,6 +186,7 @@ def ingest(
     max_deliveries: int | None = 5,
     backoff_s: float = infra.DEFAULT_BACKOFF_S,
     backoff_cap_s: float = infra.DEFAULT_BACKOFF_CAP_S,
+    geo=None,
 ) -> IngestReport:
     """Apply one batch of stream entries to PostgreSQL, then acknowledge them.
 
@@ -220,6 +221,8 @@ def ingest(
         backoff_s / backoff_cap_s: seconds of the first / longest backoff after an infrastructure
             failure (``MAGPIE_STATS_INFRA_BACKOFF`` / ``MAGPIE_STATS_INFRA_BACKOFF_CAP``); 0 retries on
             every call.
+        geo: a :class:`magpie.enrich.geo.GeoDatabases` enriching exit addresses as they are written
+            (see :func:`~magpie.stats.store.apply_results`); None leaves them to the enrichment job.
     Returns:
         :class:`IngestReport`.
     Raises:
@@ -281,7 +284,7 @@ def ingest(
                 settled.add(sid)
 
         if entries:
-            committed, replayed, rejected = apply_results(engine, entries)
+            committed, replayed, rejected = apply_results(engine, entries, geo)
             report.committed, report.replayed = committed, report.replayed + replayed
             if committed:  # the check-latency histogram counts stored results (never the check path)
                 from magpie.counters import record_check_latency

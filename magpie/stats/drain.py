@@ -37,7 +37,8 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
         redis: client on the schedule's Redis.
         engine: engine on the magpie database.
         settings: :class:`magpie.config.Settings` (``redis_prefix``, ``stats_batch`` entries per batch,
-            ``stats_max_deliveries``, ``stats_infra_backoff``, ``stats_infra_backoff_cap``).
+            ``stats_max_deliveries``, ``stats_infra_backoff``, ``stats_infra_backoff_cap``; the GeoIP
+            files, when set, enrich each exit address as it is written).
         passes: most batches in this run.
     Returns:
         Results committed in all batches.
@@ -47,11 +48,16 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
     """
     ensure_group(redis, settings.redis_prefix)
     consumer = consumer_name()
+    geo = None
+    if getattr(settings, "geoip_country_db", None) or getattr(settings, "geoip_asn_db", None):
+        from magpie.enrich.geo import shared
+
+        geo = shared(settings, redis)  # exit addresses are enriched as they are written
     total = 0
     for _ in range(passes):
         rep = ingest(redis, engine, settings.redis_prefix, consumer, batch=settings.stats_batch,
                      max_deliveries=settings.stats_max_deliveries, backoff_s=settings.stats_infra_backoff,
-                     backoff_cap_s=settings.stats_infra_backoff_cap)
+                     backoff_cap_s=settings.stats_infra_backoff_cap, geo=geo)
         total += rep.committed
         if rep.infra_cleared:
             log.info("stats ingestion: the database accepts writes again after %d failed attempt(s)",

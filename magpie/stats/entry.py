@@ -7,8 +7,9 @@ the result part alone. Nothing else in magpie spells these fields.
 
 Entry fields (all ``str``; ``""`` means ``None``): ``route_id``, ``route_hash``, ``alive``
 (``"1"``/``"0"``), ``latency_ms`` (milliseconds), ``status``, ``attempts``, ``error``, ``body``,
-``anonymity``, ``judge``, ``checked_at_ms`` (Unix time in ms). An entry moved back from the dead-letter
-stream (``magpie stats redrive``) also carries ``origin_id``, the id it was first published under: the
+``anonymity``, ``judge``, ``checked_at_ms`` (Unix time in ms), and, only when the judge echoed one,
+``exit_ip`` (the address the judge saw; optional, so entries written before it existed still read).
+An entry moved back from the dead-letter stream (``magpie stats redrive``) also carries ``origin_id``, the id it was first published under: the
 replay ledger and ``check_history.stream_id`` record that id (:attr:`StreamEntry.ledger_id`), so an entry
 applied once is never applied again, however often it is redriven.
 
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from magpie.checker.anonymity import LEVELS
+from magpie.checker.anonymity import LEVELS, normalize_ip
 from magpie.checker.result import CheckResult
 from magpie.errors import MagpieError
 from magpie.stats.keys import id_parts
@@ -39,7 +40,10 @@ RESULT_FIELDS = (
 )
 """Fields carrying the :class:`~magpie.checker.result.CheckResult`."""
 
-FIELDS = ROUTE_FIELDS + RESULT_FIELDS
+OPTIONAL_RESULT_FIELDS = ("exit_ip",)
+"""Result fields written only when set (absent reads back as None)."""
+
+FIELDS = ROUTE_FIELDS + RESULT_FIELDS + OPTIONAL_RESULT_FIELDS
 """Every field of a published entry, in the order written."""
 
 ORIGIN_FIELD = "origin_id"
@@ -92,6 +96,8 @@ def entry_fields(
         judge=_str(result.judge),
         checked_at_ms=str(int(result.checked_at_ms)),
     )
+    if result.exit_ip is not None:
+        out["exit_ip"] = result.exit_ip
     return out
 
 
@@ -108,12 +114,14 @@ def encode_result(
     body: str | None = None,
     anonymity: str | None = None,
     judge: str | None = None,
+    exit_ip: str | None = None,
 ) -> dict[str, str]:
     """:func:`entry_fields` from keywords instead of a :class:`CheckResult` (tools and tests).
 
     ``latency_ms`` in milliseconds, ``checked_at_ms`` Unix time in milliseconds.
     """
-    result = CheckResult(alive, latency_ms, status, attempts, error, body, anonymity, judge, checked_at_ms)
+    result = CheckResult(alive, latency_ms, status, attempts, error, body, anonymity, judge, checked_at_ms,
+                         exit_ip=exit_ip)
     return entry_fields(result, route_id, route_hash)
 
 
@@ -156,6 +164,16 @@ def _latency(fields: Mapping[str, str]) -> float | None:
     return value
 
 
+def _exit_ip(fields: Mapping[str, str]) -> str | None:
+    raw = (fields.get("exit_ip") or "").strip()
+    if not raw:
+        return None
+    ip = normalize_ip(raw) if len(raw) <= 64 else None
+    if ip is None:
+        raise MalformedEntry(f"field 'exit_ip' is not an IP address: {raw[:40]!r}")
+    return ip
+
+
 def _result(fields: Mapping[str, str], *, complete: bool) -> CheckResult:
     """The result part of decoded fields; ``complete`` requires ``attempts`` (else it defaults to 0)."""
     alive = fields.get("alive")
@@ -172,6 +190,7 @@ def _result(fields: Mapping[str, str], *, complete: bool) -> CheckResult:
         anonymity=_text(fields, "anonymity"),
         judge=_text(fields, "judge"),
         checked_at_ms=checked_at_ms,
+        exit_ip=_exit_ip(fields),
     )
 
 
@@ -188,7 +207,7 @@ def decode_result(fields: Mapping[str | bytes, str | bytes]) -> CheckResult:
     try:
         for k, v in fields.items():
             key = k.decode() if isinstance(k, bytes) else str(k)
-            if key in RESULT_FIELDS:
+            if key in RESULT_FIELDS or key in OPTIONAL_RESULT_FIELDS:
                 f[key] = v.decode() if isinstance(v, bytes) else str(v)
     except (UnicodeDecodeError, AttributeError) as exc:
         raise MalformedEntry(f"check result fields are not UTF-8 text: {exc}") from None
@@ -297,6 +316,7 @@ def dead_letter_fields(dead: DeadLetter, consumer: str, dead_at_ms: int) -> dict
 
 __all__ = [
     "FIELDS",
+    "OPTIONAL_RESULT_FIELDS",
     "ORIGIN_FIELD",
     "RESULT_FIELDS",
     "ROUTE_FIELDS",

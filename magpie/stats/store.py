@@ -4,7 +4,8 @@
 
 * ``check_history`` rows (one per result),
 * ``route_health`` (counters, newest result, ``consecutive_failures``; a late, older result never
-  overwrites a newer ``last_checked_at``),
+  overwrites a newer ``last_checked_at``; the newest exit address a judge saw, kept across failed checks,
+  with its country and ASN when a GeoIP database is given),
 * ``stats_ledger`` rows for the applied stream ids. An id already in the ledger is skipped, so a replay
   (a crash between commit and ``XACK``, or two consumers holding the same entry) applies it once.
 * ``reputation_dirty`` rows for the routes written (a maintenance job recomputes their reputation).
@@ -43,9 +44,10 @@ _LEDGER = """
 """
 _HISTORY = """
     INSERT INTO check_history (route_id, checked_at, alive, latency_ms, status, attempts,
-                               error, anonymity, body, judge, stream_id)
+                               error, anonymity, body, judge, stream_id, exit_ip)
     SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[], %s::real[], %s::integer[],
-                         %s::smallint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[])
+                         %s::smallint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
+                         %s::text[])
 """
 _HEALTH_ROWS = """
     INSERT INTO route_health (route_id)
@@ -69,12 +71,23 @@ _HEALTH_UPDATE = """
         anonymity = CASE WHEN u.newer THEN u.anonymity ELSE h.anonymity END,
         error = CASE WHEN u.newer THEN u.error ELSE h.error END,
         attempts = CASE WHEN u.newer THEN u.attempts ELSE h.attempts END,
+        exit_ip = CASE WHEN u.newer AND u.exit_ip IS NOT NULL THEN u.exit_ip ELSE h.exit_ip END,
+        exit_country = CASE WHEN NOT (u.newer AND u.exit_ip IS NOT NULL) THEN h.exit_country
+                            WHEN u.exit_rev IS NOT NULL THEN u.exit_country
+                            WHEN h.exit_ip IS DISTINCT FROM u.exit_ip THEN NULL ELSE h.exit_country END,
+        exit_asn = CASE WHEN NOT (u.newer AND u.exit_ip IS NOT NULL) THEN h.exit_asn
+                        WHEN u.exit_rev IS NOT NULL THEN u.exit_asn
+                        WHEN h.exit_ip IS DISTINCT FROM u.exit_ip THEN NULL ELSE h.exit_asn END,
+        exit_geo_revision = CASE WHEN NOT (u.newer AND u.exit_ip IS NOT NULL) THEN h.exit_geo_revision
+                                 WHEN u.exit_rev IS NOT NULL THEN u.exit_rev
+                                 WHEN h.exit_ip IS DISTINCT FROM u.exit_ip THEN NULL
+                                 ELSE h.exit_geo_revision END,
         updated_at = now()
     FROM unnest(%s::bigint[], %s::integer[], %s::integer[], %s::integer[], %s::timestamptz[],
                 %s::boolean[], %s::timestamptz[], %s::boolean[], %s::real[], %s::integer[], %s::text[],
-                %s::text[], %s::smallint[])
+                %s::text[], %s::smallint[], %s::text[], %s::text[], %s::bigint[], %s::text[])
          AS u(route_id, n, n_alive, cf, last_alive_at, newer, checked_at, alive, latency_ms, status,
-              anonymity, error, attempts)
+              anonymity, error, attempts, exit_ip, exit_country, exit_asn, exit_rev)
     WHERE h.route_id = u.route_id
 """
 
@@ -159,9 +172,13 @@ def applied_ids(engine: Engine, ledger_ids: Sequence[str]) -> set[str]:
         return set(conn.exec_driver_sql(_APPLIED, (sorted(set(ledger_ids)),)).scalars())
 
 
-def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int, list[DeadLetter]]:
+def apply_results(engine: Engine, entries: list[StreamEntry], geo=None) -> tuple[int, int, list[DeadLetter]]:
     """Apply ``entries`` in one transaction; if the database rejects the data, isolate the culprits by
     applying one entry per transaction.
+
+    ``geo``: a configured :class:`magpie.enrich.geo.GeoDatabases` enriching each route's newest exit
+    address as it is written (cached lookups); None (or a file that cannot be read) leaves the exit's
+    country and ASN to the ``geo_enrichment`` job.
 
     Returns:
         ``(committed, replayed, dead)``: entries written, entries skipped as already in the ledger (or
@@ -174,7 +191,7 @@ def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int,
     """
     try:
         with engine.begin() as conn:
-            return _apply_tx(conn, entries)
+            return _apply_tx(conn, entries, geo)
     except (sa.exc.DBAPIError, MalformedEntry) as exc:
         if not is_data_error(exc):
             raise
@@ -183,7 +200,7 @@ def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int,
     for e in entries:
         try:
             with engine.begin() as conn:
-                c, rp, d = _apply_tx(conn, [e])
+                c, rp, d = _apply_tx(conn, [e], geo)
         except (sa.exc.DBAPIError, MalformedEntry) as exc:
             if not is_data_error(exc):
                 raise
@@ -199,7 +216,7 @@ def apply_results(engine: Engine, entries: list[StreamEntry]) -> tuple[int, int,
     return committed, replayed, dead
 
 
-def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int, int, list[DeadLetter]]:
+def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> tuple[int, int, list[DeadLetter]]:
     # Lock the referenced routes against deletion until commit (no FK race), and check the hash so a
     # result never lands on a different route that reuses an id (e.g. after a database rebuild).
     known: dict[int, str] = dict(
@@ -244,14 +261,30 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry]) -> tuple[int,
             [r.body for r in results],
             [r.judge for r in results],
             [e.ledger_id for e in todo],
+            [r.exit_ip for r in results],
         ),
     )
-    _update_health(conn, todo)
+    _update_health(conn, todo, geo)
     update_failures(conn, todo)  # per (workspace, route) failure streaks (magpie.judges.failures)
     return len(todo), replayed, dead
 
 
-def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
+def _exit_geo(geo, ip: str | None) -> tuple[str | None, int | None, str | None]:
+    """``(country, asn, revision)`` of an exit address; all None when it cannot be enriched now."""
+    if geo is None or ip is None:
+        return None, None, None
+    from magpie.enrich.geo import GeoError
+
+    try:
+        info = geo.lookup(ip)
+    except GeoError:
+        return None, None, None
+    if info is None or geo.revision is None:
+        return None, None, None
+    return info.country, info.asn, geo.revision
+
+
+def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) -> None:
     by_route: dict[int, list[StreamEntry]] = defaultdict(list)
     for e in entries:
         by_route[e.route_id].append(e)
@@ -259,7 +292,7 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
     conn.exec_driver_sql(_HEALTH_ROWS, (route_ids,))
     rows = conn.exec_driver_sql(_HEALTH_LOCK, (route_ids,)).all()
     state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in rows}
-    cols: tuple[list, ...] = tuple([] for _ in range(13))
+    cols: tuple[list, ...] = tuple([] for _ in range(17))
     for rid in route_ids:
         es = sorted(by_route[rid], key=lambda e: e.order)
         last, cf, last_alive = state[rid]
@@ -272,6 +305,8 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
         for e in newer:
             cf = 0 if e.result.alive else cf + 1
         top = newer[-1] if newer else es[-1]
+        # the exit address: of the newest newer result that saw one (a failed check sees none)
+        exit_ip = next((e.result.exit_ip for e in reversed(newer) if e.result.exit_ip), None)
         r = top.result
         row = (
             rid,
@@ -287,6 +322,8 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry]) -> None:
             r.anonymity,
             r.error,
             r.attempts,
+            exit_ip,
+            *_exit_geo(geo, exit_ip),
         )
         for col, v in zip(cols, row):
             col.append(v)

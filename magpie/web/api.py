@@ -4,7 +4,8 @@ Reads return the same figures the pages show. Actions (``POST``) need ``Authoriz
 <MAGPIE_WEB_TOKEN>`` and answer ``{"ok": true, "result": ...}``; a refusal answers ``{"ok": false,
 "refused": <code>, "detail": <one line>, "member": <route hash or null>}`` with status 401 (no or wrong
 token), 403 (actions disabled: no token configured) or 409 (the schedule refused: ``gone``, ``not_dead``,
-``leased``, ``dead``, ``layout_mismatch``).
+``leased``, ``dead``, ``layout_mismatch``). An admin API token (``magpie tokens create --role admin``)
+acts as ``MAGPIE_WEB_TOKEN`` does; weaker API tokens get 403 here (:mod:`magpie.web.program` serves them).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from pydantic import BaseModel
 
 from magpie.web import data
-from magpie.web.auth import bearer, require_action_token
+from magpie.web.auth import AuthRefused, bearer, require_action_token
 from magpie.web.service import Dashboard
 
 HASH = Annotated[str, Path(pattern=r"^[0-9a-f]{24}$", description="Route hash (24 hex characters).")]
@@ -108,13 +109,6 @@ class RouteHealth(BaseModel):
     checks_total: int
     alive_total: int
     consecutive_failures: int
-
-
-class RoutePage(BaseModel):
-    total: int
-    limit: int
-    offset: int
-    routes: list[RouteHealth]
 
 
 class RouteStored(RouteHealth):
@@ -296,8 +290,23 @@ Dash = Annotated[Dashboard, Depends(dash)]
 
 
 def action_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
-    """Dependency of every action: the bearer token must match ``MAGPIE_WEB_TOKEN``."""
+    """Dependency of every action: the bearer token must match ``MAGPIE_WEB_TOKEN`` or be an admin API
+    token (a weaker API token is refused with 403)."""
+    p = getattr(request.state, "principal", None)
+    if p is not None:
+        if p.role == "admin":
+            return
+        raise AuthRefused(403, "forbidden", f"a {p.role} token cannot do this: it needs role admin")
     require_action_token(request.app.state.dashboard.settings.web_token, bearer(authorization))
+
+
+def dashboard_scope(request: Request) -> None:
+    """Dependency of the dashboard's own endpoints, which span every workspace: an API token below admin
+    is refused with 403 (requests without one follow the dashboard's rule)."""
+    p = getattr(request.state, "principal", None)
+    if p is not None and p.role != "admin":
+        raise AuthRefused(403, "forbidden", f"a {p.role} token cannot read this: it spans every workspace "
+                                            "(needs role admin)")
 
 
 @router.get("/status", response_model=Status, summary="Per-shard schedule state")
@@ -314,37 +323,6 @@ def api_series(d: Dash, limit: Annotated[int | None, Query(ge=1, le=10_000)] = N
 def api_dead(d: Dash, limit: Annotated[int, Query(ge=1, le=1000)] = 100):
     rows = d.dead_letters(limit)
     return {"total": d.dead_count(), "dead": rows}
-
-
-@router.get("/routes", response_model=RoutePage, summary="Routes with their latest health, filtered")
-def api_routes(
-    d: Dash,
-    workspace: Annotated[str | None, Query(max_length=200, pattern=TEXT)] = None,
-    protocol: Literal["http", "https", "socks4", "socks5"] | None = None,
-    alive: Literal["yes", "no", "unknown"] | None = None,
-    anonymity: Literal["transparent", "anonymous", "elite"] | None = None,
-    min_latency_ms: Annotated[float | None, Query(ge=0, le=1e7, allow_inf_nan=False)] = None,
-    max_latency_ms: Annotated[float | None, Query(ge=0, le=1e7, allow_inf_nan=False)] = None,
-    q: Annotated[str | None, Query(max_length=200, pattern=TEXT,
-                                   description="Host or hash substring")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
-):
-    flt = data.RouteFilter(workspace or None, protocol, alive, anonymity, min_latency_ms, max_latency_ms,
-                           q or None)
-    page = data.list_routes(d.engine, flt, limit=limit, offset=offset)
-    return {"total": page["total"], "limit": limit, "offset": offset, "routes": page["routes"]}
-
-
-@router.get("/routes/{route_hash}", response_model=RouteDetail, summary="One route and its recent history",
-            responses={404: {"model": Missing, "description": "Unknown route"}})
-def api_route(route_hash: HASH, d: Dash, history: Annotated[int, Query(ge=1, le=500)] = 50):
-    from fastapi import HTTPException
-
-    got = d.route(route_hash, history)
-    if got is None:
-        raise HTTPException(404, f"no route {route_hash}")
-    return got
 
 
 @router.get("/workspaces", response_model=list[str], summary="Workspace names")
@@ -405,4 +383,4 @@ def api_check_now(route_hash: HASH, d: Dash,
     return {"result": {"due_ms": d.check_now(route_hash, int(delay_s * 1000))}}
 
 
-__all__ = ["router"]
+__all__ = ["action_token", "dashboard_scope", "router"]

@@ -120,6 +120,62 @@ def list_routes(engine: Engine, flt: RouteFilter, *, limit: int = 100, offset: i
     return {"total": int(total), "routes": [_route_row(r) for r in rows]}
 
 
+def list_routes_after(engine: Engine, flt: RouteFilter, *, limit: int = 100, after: int = 0) -> list[dict]:
+    """One keyset page of routes in route id order: those with ``route_id > after`` matching ``flt``.
+
+    An index range scan wherever the page starts (``magpie routes --after``); a workspace filter walks
+    that workspace's membership in id order. Returns at most ``limit`` dicts keyed as in
+    :func:`list_routes`; the last one's ``route_id`` is the next page's ``after``.
+    """
+    where, params = RouteFilter(None, flt.protocol, flt.alive, flt.anonymity, flt.min_latency_ms,
+                                flt.max_latency_ms, flt.search).where()
+    params = dict(params, limit=int(limit), after=int(after))
+    if flt.workspace:
+        base = (" FROM route_workspaces rw JOIN routes r ON r.id = rw.route_id"
+                " LEFT JOIN route_health h ON h.route_id = r.id"
+                " WHERE rw.workspace_id = (SELECT id FROM workspaces WHERE name = :ws) AND rw.route_id > :after")
+        order = " ORDER BY rw.route_id"
+        params["ws"] = flt.workspace
+    else:
+        base = " FROM routes r LEFT JOIN route_health h ON h.route_id = r.id WHERE r.id > :after"
+        order = " ORDER BY r.id"
+    if where:
+        base += " AND " + where.removeprefix(" WHERE ")
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(f"SELECT {_ROUTE_COLUMNS} {base}{order} LIMIT :limit"), params).all()
+    return [_route_row(r) for r in rows]
+
+
+def history_page(engine: Engine, route_id: int, *, limit: int = 100,
+                 before: tuple[int, int] | None = None) -> list[dict]:
+    """One page of a route's check results, newest first, keyed by ``(checked_at, id)``.
+
+    Args:
+        before: ``(checked_at as Unix microseconds, id)`` of the last row of the previous page, or None.
+    Returns:
+        Dicts as :func:`route_history` gives, plus ``_us`` and ``_id`` (the row's cursor parts).
+    """
+    sql = ("SELECT checked_at, alive, latency_ms, status, attempts, error, anonymity, judge, id,"
+           " floor(extract(epoch FROM date_trunc('second', checked_at)))::bigint * 1000000"
+           " + extract(microseconds FROM checked_at)::bigint % 1000000"
+           " FROM check_history WHERE route_id = :id")
+    params: dict = {"id": int(route_id), "n": int(limit)}
+    if before is not None:
+        sql += (" AND (checked_at, id) < (timestamptz 'epoch' + :us * interval '1 microsecond', :rid)")
+        params.update(us=int(before[0]), rid=int(before[1]))
+    sql += " ORDER BY checked_at DESC, id DESC LIMIT :n"
+    keys = ("checked_at", "alive", "latency_ms", "status", "attempts", "error", "anonymity", "judge", "_id", "_us")
+    out = []
+    with engine.connect() as conn:
+        for row in conn.execute(sa.text(sql), params):
+            d = dict(zip(keys, row))
+            for k in ("error", "judge"):
+                if d[k]:
+                    d[k] = mask_url_passwords(d[k])
+            out.append(d)
+    return out
+
+
 def route_by_hash(engine: Engine, route_hash: str) -> dict | None:
     """One route's latest health (keys as in :func:`list_routes`) plus ``workspaces`` (names), or None."""
     with engine.connect() as conn:
@@ -230,4 +286,5 @@ def deliveries(engine: Engine, limit: int = 50) -> list[dict]:
 
 __all__ = ["ALIVE", "ANONYMITY", "PROTOCOLS", "RouteFilter", "deliveries", "incidents", "is_route_hash",
            "list_routes",
-           "route_by_hash", "route_history", "routes_by_hashes", "target_origin", "workspaces"]
+           "list_routes_after", "history_page", "route_by_hash", "route_history", "routes_by_hashes",
+           "target_origin", "workspaces"]

@@ -99,7 +99,10 @@ def _page(request: Request, name: str, title: str, status_code: int = 200, **ctx
 def overview(request: Request, refresh: Annotated[int | None, Query(ge=2, le=3600)] = None):
     d = request.app.state.dashboard
     st = d.status()
-    points = d.chart_points()
+    points = d.stored_points()
+    stored = bool(points)
+    if not stored:
+        points = d.chart_points()
     ts = [p["t_ms"] for p in points]
 
     def pick(key):
@@ -113,7 +116,8 @@ def overview(request: Request, refresh: Annotated[int | None, Query(ge=2, le=360
         line_chart({"oldest lateness": pick("oldest_lateness_s")}, title="Oldest due route", unit=" s"),
     ]
     return _page(request, "overview.html", "Schedule", st=st, charts=charts, refresh=refresh,
-                 interval=d.settings.web_sample_interval, samples=len(points), fleet=_fleet_counts(d))
+                 interval=d.settings.web_sample_interval, samples=len(points), stored=stored,
+                 fleet=_fleet_counts(d))
 
 
 def _fleet_counts(d) -> dict:

@@ -78,10 +78,29 @@ class Dashboard:
         return st
 
     def chart_points(self, limit: int | None = None) -> list[dict]:
-        """Per-interval throughput and lateness points (:func:`magpie.web.samples.series`), oldest first."""
+        """Throughput and lateness points, oldest first: one per stored snapshot of the
+        ``dashboard_snapshot`` job (:func:`magpie.derived.dashboard.history_points`) when PostgreSQL holds
+        any, else per interval of this deployment's in-Redis ring (:func:`magpie.web.samples.series`)."""
+        stored = self.stored_points(limit)
+        if stored:
+            return stored
         keep = self.settings.web_sample_keep
         n = min(int(limit) + 1, keep) if limit else keep
         return series(read_samples(self.redis, self.settings.redis_prefix, n))
+
+    def stored_points(self, limit: int | None = None) -> list[dict]:
+        """Points of the stored snapshots (newest ``limit``, default ``MAGPIE_WEB_SAMPLE_KEEP``), oldest
+        first; empty when none is stored or PostgreSQL cannot be read."""
+        import sqlalchemy.exc
+
+        from magpie.derived.dashboard import history_points, read_snapshots
+
+        n = int(limit) if limit else self.settings.web_sample_keep
+        try:
+            points = history_points(read_snapshots(self.engine, n + 1))
+        except (sqlalchemy.exc.SQLAlchemyError, OSError):  # PostgreSQL away: the Redis ring still draws
+            return []
+        return points[-n:]
 
     def dead_letters(self, limit: int) -> list[dict]:
         """Dead-lettered routes, oldest first, each with ``route`` (protocol, host, port) when stored."""

@@ -108,7 +108,8 @@ def test_classify_tolerates_odd_types():
 
 def _alive_result():
     return CheckResult(
-        True, 123.456, 200, 1, None, '{"remote_addr":"x"}', "elite", "http://127.0.0.1:1/", 1_700_000_000_123
+        True, 123.456, 200, 1, None, '{"remote_addr":"x"}', "elite", "http://127.0.0.1:1/", 1_700_000_000_123,
+        exit_ip="127.0.0.7",
     )
 
 
@@ -124,7 +125,7 @@ def test_fields_round_trip(result):
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in f.items())
     assert set(f) == {
         "alive", "latency_ms", "status", "attempts", "error", "body", "anonymity", "judge", "checked_at_ms"
-    }
+    } | ({"exit_ip"} if result.exit_ip else set())  # written only when the judge echoed an address
     assert decode_result(f) == result
     # as redis-py returns them: bytes keys and values, plus fields added by other writers
     raw = {k.encode(): v.encode() for k, v in f.items()} | {b"route": b"abc"}
@@ -150,12 +151,21 @@ def test_fields_encoding_details():
         {"checked_at_ms": "12.5"},
         {"judge": ""},
         {"body": b"\xff\xfe"},
+        {"exit_ip": "not-an-address"},
+        {"exit_ip": "1" * 100},
     ],
 )
 def test_from_fields_rejects_malformed(change):
     f = entry_fields(_alive_result()) | change
     with pytest.raises(ValueError):
         decode_result(f)
+
+
+def test_an_entry_without_exit_ip_reads_back_as_none_and_exit_ip_is_normalized():
+    f = entry_fields(_alive_result())
+    del f["exit_ip"]  # as published before the field existed
+    assert decode_result(f).exit_ip is None
+    assert decode_result(f | {"exit_ip": "::ffff:127.0.0.7"}).exit_ip == "127.0.0.7"
 
 
 def test_from_fields_rejects_missing_field():

@@ -32,6 +32,10 @@ import magpie.enrich.models  # noqa: E402,F401
 import magpie.derived.models  # noqa: E402,F401
 # models: rotators
 import magpie.rotator.models  # noqa: E402,F401
+# models: API tokens
+import magpie.apitokens.models  # noqa: E402,F401
+# models: proxy-list sources
+import magpie.sources.models  # noqa: E402,F401
 
 config = context.config
 target_metadata = Base.metadata

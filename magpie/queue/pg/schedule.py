@@ -130,6 +130,20 @@ class PgSchedule(AdminPlane, SpreadPlane):
         raise RefusedError(Refusal.UNSUPPORTED, detail="migrate-payloads serves the Redis schedule only "
                                                        "(MAGPIE_SCHEDULE_URL is postgresql://)")
 
+    def set_route_interval(self, member: str, interval_ms: int | None) -> dict:
+        """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
+        from magpie.errors import RefusedError
+
+        raise RefusedError(Refusal.UNSUPPORTED, detail="per-route intervals are served by the Redis schedule "
+                                                       "only (MAGPIE_SCHEDULE_URL is postgresql://)")
+
+    def set_workspace_cadence(self, workspace_id: int, **_kw) -> dict:
+        """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
+        from magpie.errors import RefusedError
+
+        raise RefusedError(Refusal.UNSUPPORTED, detail="workspace cadences are served by the Redis schedule "
+                                                       "only (MAGPIE_SCHEDULE_URL is postgresql://)")
+
     def close(self) -> None:
         """Close this process's database connections."""
         with self._idle_lock:
