@@ -27,11 +27,12 @@ import os
 import sys
 
 from magpie.checker.result import CheckResult
+from magpie.errors import MagpieError
 
 _LIMIT = 1 << 20  # bytes of one answer line (the judge body is capped far below that)
 
 
-class IsolatedCrash(Exception):
+class IsolatedCrash(MagpieError):
     """The isolated process ended without an answer. ``returncode``: its exit status (negative: the
     signal that killed it)."""
 

@@ -66,7 +66,7 @@ WEB_ADMIN = Principal(None, "admin", None, None)
 """The principal of ``MAGPIE_WEB_TOKEN``."""
 
 
-class Refused(Exception):
+class Refused(MagpieError):
     """Authentication failed. ``code``: ``bad_token``, ``revoked`` or ``expired``; ``detail``: one line."""
 
     def __init__(self, code: str, detail: str):

@@ -32,7 +32,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from magpie.apitokens.store import Principal
 from magpie.web import data
@@ -399,3 +399,56 @@ def api_import_job(job_id: JOB_ID, d: Dash, p: Reader):
 
 
 __all__ = ["AUTH_REFUSALS", "need", "principal", "router", "scoped_workspace", "stream_lines"]
+
+
+def _one_or_more(item: str) -> str:
+    """A pattern for a comma-separated list of ``item`` (a regular expression)."""
+    return f"^({item})(,({item}))*$"
+
+
+_EXPORT_MEDIA = {"txt": "text/plain", "url": "text/plain", "csv": "text/csv", "json": "application/json",
+                 "jsonl": "application/x-ndjson"}
+
+
+@router.get("/export", summary="Stream a workspace's routes with their current health (magpie export)",
+            responses={200: {"content": {m: {} for m in set(_EXPORT_MEDIA.values())},
+                             "description": "The routes, streamed in the format asked for"},
+                       422: {"model": Problem, "description": "Bad filter or format, or unknown workspace"}})
+def api_export(
+    d: Dash,
+    p: Reader,
+    workspace: Annotated[str | None, Query(max_length=200, pattern=TEXT,
+                                           description="The workspace (a scoped token's by default)")] = None,
+    format: Literal["txt", "url", "csv", "json", "jsonl"] = "txt",
+    alive: bool | None = None,
+    protocol: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("https?|socks[45]"),
+                                          description="comma-separated: http, https, socks4, socks5")] = None,
+    anonymity: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("transparent|anonymous|elite"),
+                                           description="comma-separated: transparent, anonymous, elite")] = None,
+    country: Annotated[str | None, Query(max_length=200, pattern=_one_or_more("[A-Za-z]{2}"),
+                                         description="entry GeoIP countries, e.g. DE,NL")] = None,
+    exit_country: Annotated[str | None, Query(max_length=200, pattern=_one_or_more("[A-Za-z]{2}"),
+                                              description="exit address countries, e.g. DE,NL")] = None,
+    max_latency_ms: Annotated[float | None, Query(gt=0, le=1e9)] = None,
+    min_score: Annotated[float | None, Query(ge=0, le=100)] = None,
+    with_credentials: bool = False,
+):
+    """The same filters and formats as ``magpie export`` (docs/export.md). Credentials only with
+    ``with_credentials=true`` and a token of role operate or admin (audit-logged)."""
+    from magpie.export import ExportError, ExportFilter, stream_export
+
+    if with_credentials and (p is None or p.role == "read"):
+        raise AuthRefused(403 if p else 401, "forbidden" if p else "token_required",
+                          "exporting credentials needs an API token of role operate or admin")
+    ws = scoped_workspace(p, workspace)
+    if not ws:
+        raise HTTPException(422, "workspace: name the workspace to export")
+    flt = ExportFilter(ws, alive=alive, protocol=protocol, anonymity=anonymity, country=country,
+                       max_latency_ms=max_latency_ms, min_score=min_score, exit_country=exit_country)
+    try:
+        chunks = stream_export(d.settings, flt, format, with_credentials=with_credentials)
+    except ExportError as exc:
+        raise HTTPException(422, str(exc)) from None
+    return StreamingResponse(iterate_in_threadpool(chunk.encode("utf-8") for chunk in chunks),
+                             media_type=_EXPORT_MEDIA[format],
+                             headers={"Content-Disposition": f'attachment; filename="{ws}.{format}"'})

@@ -357,3 +357,29 @@ def test_tokens_never_reach_the_logs(client, tokens, caplog):
         upload(client, secret, LIST)
     assert caplog.records  # something was logged at all
     assert tokens["acme-read"][12:] not in caplog.text and tokens["acme-read"][:-2] not in caplog.text
+
+
+def test_export_streams_the_scoped_workspace_and_guards_credentials(client, tokens):
+    creds = "http://alice:s3cret-pw@127.0.6.1:8080\n"
+    assert upload(client, tokens["acme-operate"], LIST + creds).status_code == 201
+    assert upload(client, tokens["beta-operate"], "127.0.5.1:80\n").status_code == 201
+    res = client.get("/api/export", headers=bearer(tokens["acme-read"]))
+    assert res.status_code == 200 and res.headers["content-type"].startswith("text/plain")
+    assert 'filename="acme.txt"' in res.headers["content-disposition"]
+    lines = res.text.splitlines()
+    assert len(lines) == 26 and "127.0.5.1:80" not in res.text and "s3cret-pw" not in res.text
+    no_ws = client.get("/api/export", params={"format": "jsonl"}, headers=bearer(tokens["admin"]))
+    assert no_ws.status_code == 422  # an admin token has no workspace of its own: it must name one
+    rows = [json.loads(x) for x in client.get("/api/export", params={"format": "jsonl", "workspace": "beta"},
+                                              headers=bearer(tokens["admin"])).text.splitlines()]
+    assert [r["host"] for r in rows] == ["127.0.5.1"]
+    assert client.get("/api/export", params={"workspace": "beta"},
+                      headers=bearer(tokens["acme-read"])).status_code == 403
+    denied = client.get("/api/export", params={"with_credentials": "true"}, headers=bearer(tokens["acme-read"]))
+    assert denied.status_code == 403 and "s3cret-pw" not in denied.text
+    assert client.get("/api/export", params={"with_credentials": "true", "workspace": "acme"}).status_code == 401
+    full = client.get("/api/export", params={"with_credentials": "true", "format": "url"},
+                      headers=bearer(tokens["acme-operate"]))
+    assert full.status_code == 200 and "alice:s3cret-pw@127.0.6.1:8080" in full.text
+    bad = client.get("/api/export", params={"format": "xml"}, headers=bearer(tokens["acme-read"]))
+    assert bad.status_code == 422
