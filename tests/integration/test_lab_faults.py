@@ -134,7 +134,9 @@ def test_never_accepting_tarpit_keeps_clients_waiting_without_an_fd_per_connecti
             s.sendall(_request())
             socks.append(s)
         assert _wait_for(lambda: lab.connections()["tarpit"] == n), lab.connections()
-        assert _fds() == base + n  # the test's own sockets only: the lab holds none per connection
+        # the test's own sockets only (give or take a few the process opens or closes meanwhile): the lab
+        # holds none per connection, which would double the count
+        assert abs(_fds() - (base + n)) <= 8, (_fds(), base, n)
         poller = select.poll()  # select() cannot take fds above 1023
         for s in socks:
             poller.register(s, select.POLLIN)
