@@ -11,8 +11,8 @@ a stray kill of that process. Checked here, in a process that runs nothing else,
 - the pool's process dies (a whole-worker crash): the isolated process sees its input close and exits;
   the lease expires with no start mark, so nothing is counted against the route.
 
-The child is ``python -m magpie.isolation``: it reads one JSON request line on stdin (``{"payload": <the
-lease's payload text>}``; credentials travel on the pipe, never in argv), builds the check engine from
+The child is ``python -m magpie.runtime`` (the composition root builds its engine): it reads one JSON
+request line on stdin (``{"payload": <the lease's payload text>}``; credentials travel on the pipe, never in argv), builds the check engine from
 the same settings as the workers (``MAGPIE_*`` from the inherited environment), checks the route once
 and writes the :class:`magpie.checker.result.CheckResult` as one JSON line on stdout. It exits at once
 when its stdin closes before the answer is written.
@@ -21,9 +21,7 @@ when its stdin closes before the answer is written.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
-import os
 import sys
 
 from magpie.checker.result import CheckResult
@@ -41,8 +39,9 @@ class IsolatedCrash(MagpieError):
         self.returncode = returncode
 
 
-CHILD = (sys.executable, "-m", "magpie.isolation")
-"""The isolated process's command line."""
+CHILD = (sys.executable, "-m", "magpie.runtime")
+"""The isolated process's command line: the composition root builds its engine
+(:func:`magpie.runtime.isolated_check_main`)."""
 
 
 async def check_isolated(payload_text: str, timeout_s: float, argv: tuple[str, ...] = CHILD) -> CheckResult:
@@ -82,39 +81,3 @@ async def check_isolated(payload_text: str, timeout_s: float, argv: tuple[str, .
                 await asyncio.shield(proc.wait())
             except BaseException:  # noqa: BLE001 - the child is killed; reaping may finish later
                 pass
-
-
-def _main() -> int:
-    import logging
-
-    from magpie import runtime
-    from magpie.judges.checking import profiled_engine
-    from magpie.queue.payload import Payload, read_cipher
-
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s isolated check: %(message)s")
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return 3
-    payload_text = json.loads(line)["payload"]
-    s = runtime.settings()
-    engine = profiled_engine(s, runtime.engine(), runtime.redis_client(), subscribe=False)
-    payload = Payload.decode(payload_text, read_cipher(s))
-
-    async def run() -> CheckResult:
-        loop = asyncio.get_running_loop()
-        fd = sys.stdin.fileno()
-
-        def on_input() -> None:
-            if not os.read(fd, 4096):  # the pool's process is gone: so is this check
-                os._exit(3)
-        loop.add_reader(fd, on_input)
-        return await engine.check_payload(payload)
-
-    res = asyncio.run(run())
-    sys.stdout.write(json.dumps(dataclasses.asdict(res)) + "\n")
-    sys.stdout.flush()
-    os._exit(0)  # the engine's caches run daemon threads: nothing else to wait for
-
-
-if __name__ == "__main__":
-    sys.exit(_main())

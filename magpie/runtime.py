@@ -110,3 +110,50 @@ def close_check_pool() -> None:
     pool = _cache.pop((os.getpid(), "check_pool"), None)
     if pool is not None:
         pool.close()
+
+
+def isolated_check_main() -> int:
+    """The isolated check process (``python -m magpie.runtime``, :data:`magpie.isolation.CHILD`): reads one
+    line ``{"payload": text}`` on stdin, checks it with this deployment's profiled engine, writes the
+    :class:`magpie.checker.result.CheckResult` as one JSON line and exits 0; exits 3 at once when stdin
+    closes (the pool's process is gone)."""
+    import asyncio
+    import dataclasses
+    import json
+    import logging
+    import sys
+
+    from magpie.checker.result import CheckResult
+
+    from magpie.judges.checking import profiled_engine
+    from magpie.queue.payload import Payload, read_cipher
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s isolated check: %(message)s")
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 3
+    payload_text = json.loads(line)["payload"]
+    s = settings()
+    checker = profiled_engine(s, engine(), redis_client(), subscribe=False)
+    payload = Payload.decode(payload_text, read_cipher(s))
+
+    async def run() -> CheckResult:
+        loop = asyncio.get_running_loop()
+        fd = sys.stdin.fileno()
+
+        def on_input() -> None:
+            if not os.read(fd, 4096):  # the pool's process is gone: so is this check
+                os._exit(3)
+        loop.add_reader(fd, on_input)
+        return await checker.check_payload(payload)
+
+    res = asyncio.run(run())
+    sys.stdout.write(json.dumps(dataclasses.asdict(res)) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # the engine's caches run daemon threads: nothing else to wait for
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(isolated_check_main())

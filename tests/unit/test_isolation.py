@@ -54,5 +54,5 @@ def test_the_child_given_no_request_exits_without_an_answer():
     """The real child: its stdin closed before a request ends it (exit status 3, no answer)."""
     import subprocess
 
-    p = subprocess.run([sys.executable, "-m", "magpie.isolation"], input=b"", capture_output=True, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "magpie.runtime"], input=b"", capture_output=True, timeout=60)
     assert p.returncode == 3 and p.stdout == b""
