@@ -140,7 +140,7 @@ def health_table(rows: list[dict], title: str = "route health"):
 
     rep = any("reputation" in r for r in rows)
     t = Table(title=title)
-    cols = ["route", "protocol", "alive", "latency ms", "anonymity", "status", "checks", "last checked"]
+    cols = ["route", "protocol", "alive", "latency ms", "anonymity", "exit", "status", "checks", "last checked"]
     for col in cols + (["score", "reputation"] if rep else []):
         t.add_column(col)
     colour = {"good": "green", "neutral": "yellow", "poor": "red"}
@@ -150,7 +150,9 @@ def health_table(rows: list[dict], title: str = "route health"):
         host = f"[{r['host']}]" if ":" in r["host"] else r["host"]
         cells = [Text(f"{user}{host}:{r['port']}"), r["protocol"], alive,
                  f"{r['latency_ms']:.0f}" if r["latency_ms"] is not None else "-",
-                 Text(r["anonymity"] or "-"), Text(str(r["status"] or r.get("error") or "-")),
+                 Text(r["anonymity"] or "-"),
+                 Text(" ".join(x for x in (r.get("exit_ip"), r.get("exit_country")) if x) or "-"),
+                 Text(str(r["status"] or r.get("error") or "-")),
                  str(r["checks_total"] or 0),
                  r["last_checked_at"].strftime("%H:%M:%S") if r["last_checked_at"] else "-"]
         if rep:

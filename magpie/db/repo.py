@@ -207,6 +207,8 @@ _HEALTH_COLUMNS = (
     "last_checked_at",
     "checks_total",
     "alive_total",
+    "exit_ip",
+    "exit_country",
 )
 
 
@@ -227,14 +229,15 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
         (str), ``protocol``, ``host``, ``port``, ``username`` (str | None), ``alive`` (bool | None; None
         for a route never checked), ``latency_ms`` (float ms | None), ``status`` (int | None),
         ``anonymity``, ``error`` (str | None), ``last_checked_at`` (aware datetime | None),
-        ``checks_total``, ``alive_total`` (int; 0 when never checked).
+        ``checks_total``, ``alive_total`` (int; 0 when never checked), ``exit_ip`` and ``exit_country``
+        (where the judge saw the route exit, None until a judge reported it).
     Raises:
         magpie.crypto.CredentialError: ``keyring`` cannot decrypt a stored username.
     """
     sql = """
         SELECT r.id, r.route_hash, r.protocol, r.host, r.port, r.username_enc,
                h.alive, h.latency_ms, h.status, h.anonymity, h.error, h.last_checked_at,
-               COALESCE(h.checks_total, 0), COALESCE(h.alive_total, 0)
+               COALESCE(h.checks_total, 0), COALESCE(h.alive_total, 0), h.exit_ip, h.exit_country
         FROM routes r
         LEFT JOIN route_health h ON h.route_id = r.id
     """

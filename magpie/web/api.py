@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from magpie.web import data
 from magpie.web.auth import AuthRefused, bearer, require_action_token
@@ -109,6 +109,8 @@ class RouteHealth(BaseModel):
     checks_total: int
     alive_total: int
     consecutive_failures: int
+    exit_ip: str | None = Field(None, description="the address the judge saw the route exit from")
+    exit_country: str | None = Field(None, description="that address's GeoIP country")
 
 
 class RouteStored(RouteHealth):

@@ -85,11 +85,12 @@ class RouteFilter:
 _ROUTE_COLUMNS = """
     r.id, r.route_hash, r.protocol, r.host, r.port, r.username_enc IS NOT NULL,
     h.alive, h.latency_ms, h.status, h.anonymity, h.error, h.last_checked_at,
-    COALESCE(h.checks_total, 0), COALESCE(h.alive_total, 0), COALESCE(h.consecutive_failures, 0)
+    COALESCE(h.checks_total, 0), COALESCE(h.alive_total, 0), COALESCE(h.consecutive_failures, 0),
+    h.exit_ip, h.exit_country
 """
 _ROUTE_KEYS = ("route_id", "route_hash", "protocol", "host", "port", "has_credentials", "alive",
                "latency_ms", "status", "anonymity", "error", "last_checked_at", "checks_total",
-               "alive_total", "consecutive_failures")
+               "alive_total", "consecutive_failures", "exit_ip", "exit_country")
 
 
 def _route_row(row) -> dict:

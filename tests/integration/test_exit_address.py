@@ -148,6 +148,14 @@ def test_the_exit_is_recorded_apart_from_the_entry_enriched_exported_and_filtere
     assert f'"exit_ip":"{EXIT}"' in exported(exit_country="NL") and f'"host":"{ENTRY}"' in exported()
     assert exported(exit_country="DE") == ""
 
+    from magpie.db.repo import latest_health
+    from magpie.web.data import RouteFilter, list_routes
+
+    [row] = latest_health(db, "ws")  # `magpie routes` and the dashboard's route pages show the exit
+    assert (row["host"], row["exit_ip"], row["exit_country"]) == (ENTRY, EXIT, "NL")
+    [page_row] = list_routes(db, RouteFilter("ws"))["routes"]
+    assert (page_row["exit_ip"], page_row["exit_country"]) == (EXIT, "NL")
+
     from magpie.rotator.pool import load_pool
     from magpie.rotator.service import check_filters
 
