@@ -34,7 +34,9 @@ only records of this database and of its transactions; the ``pg_current_wal_lsn(
 shared server's other users inflate, is printed beside it), ``check_history`` and ``stats_ledger`` bytes per
 row, the ingestion process's own CPU and the private Redis's CPU per result (the consumer's reads and acks).
 Baseline: a bare ``INSERT ... SELECT unnest(...)`` of the same rows, 500 per transaction, into a table of
-``check_history``'s columns with no index, no partition, no ledger and no health upsert.
+``check_history``'s columns with no index, no partition, no ledger and no health upsert. The backend CPU
+and ``pg_waldump`` figures need the PostgreSQL server on this machine (as root or its owner): elsewhere the
+first prints ``nan`` and the second is left out.
 
 Every figure is also printed as one ``sizing <name>=<value>`` line (stable names, greppable).
 """
@@ -42,6 +44,7 @@ Every figure is also printed as one ``sizing <name>=<value>`` line (stable names
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -374,9 +377,13 @@ def redis_phase(a, srv: PrivateRedis) -> None:
 
 
 def proc_cpu(pid: int) -> float:
-    """CPU seconds (utime + stime) of process ``pid`` from ``/proc/<pid>/stat``."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    """CPU seconds (utime + stime) of process ``pid`` from ``/proc/<pid>/stat``; NaN when the process is not
+    on this machine (a remote PostgreSQL)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -390,8 +397,8 @@ def wal_of_database(pg_wal: str, start: str, end: str, dboid: int) -> tuple[int,
     database ``dboid``: records touching its relations plus the other records (commits) of the
     transactions that did; image bytes are ``tot - rec`` of records carrying a full-page write. None when
     ``pg_waldump`` or the WAL directory is not available."""
-    exe = shutil.which("pg_waldump") or next(
-        (p for p in sorted(os.popen("ls -d /usr/lib/postgresql/*/bin/pg_waldump 2>/dev/null").read().split())), None)
+    exe = shutil.which("pg_waldump") or next(iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_waldump"))[-1:]),
+                                             None)
     if exe is None or not os.access(pg_wal, os.R_OK):
         return None
     proc = subprocess.Popen([exe, "-p", pg_wal, "-s", start, "-e", end], stdout=subprocess.PIPE,
