@@ -8,7 +8,8 @@ local K_STALLS, K_RETRIES, K_PAUSED, K_PROGRESS = KEYS[5], KEYS[6], KEYS[7], KEY
 -- K_CADENCE: per-route cadence state (cadence helpers below): <member> its own interval ms, <member>#r an
 -- operator's override, <member>#p its dead-route policy 'after:factor', <member>#d dead checks in a row.
 -- K_PRIORITY: the priority lane (member -> due ms) claimed ahead of the backlog (pop.lua); K_WS_CADENCE:
--- workspace id -> 'interval_ms:dead_after:dead_factor' (0 = not set).
+-- workspace id -> 'interval_ms:dead_after:dead_factor' (0 = not set), and 'p:<workspace id>' -> the same
+-- from the workspace's check profile.
 local K_CADENCE, K_PRIORITY, K_WS_CADENCE = KEYS[9], KEYS[10], KEYS[11]
 local NCORE = 11
 
@@ -112,20 +113,30 @@ local function join_w(head, list)
   return head .. '[' .. table.concat(list, ',') .. ']}'
 end
 
--- Cadence (per-route interval and dead-route policy). A workspace cadence 'interval:after:factor' comes
--- from K_WS_CADENCE; a route's own interval is the operator's override (#r) or else the shortest interval
--- of its workspaces; its dead policy that of its workspaces with the smallest factor.
+-- Cadence (per-route interval and dead-route policy). A workspace's cadence 'interval:after:factor' comes
+-- from K_WS_CADENCE field '<id>' (magpie workspaces set-interval) and its check profile's from field
+-- 'p:<id>' (magpie profiles set --interval); per field, the profile's wins over the workspace's (0 = unset).
+-- A route's own interval is the operator's override (#r) or else the shortest interval of its workspaces;
+-- its dead policy that of its workspaces with the smallest factor.
+local function parse_cadence(row)
+  if not row then return nil, nil, nil end
+  local i, a, f = string.match(row, '^(%d+):(%d+):(%d+)$')
+  return tonumber(i), tonumber(a), tonumber(f)
+end
+
 local function ws_cadence(ids)
   if #ids == 0 or redis.call('HLEN', K_WS_CADENCE) == 0 then return nil, nil end
-  local rows = redis.call('HMGET', K_WS_CADENCE, unpack(ids))
+  local fields = {}
+  for n, id in ipairs(ids) do fields[2 * n - 1] = id; fields[2 * n] = 'p:' .. id end
+  local rows = redis.call('HMGET', K_WS_CADENCE, unpack(fields))
   local interval, policy, factor = nil, nil, nil
-  for _, row in ipairs(rows) do
-    if row then
-      local i, a, f = string.match(row, '^(%d+):(%d+):(%d+)$')
-      i, a, f = tonumber(i), tonumber(a), tonumber(f)
-      if i and i > 0 and (not interval or i < interval) then interval = i end
-      if a and a > 0 and f and f > 1 and (not factor or f < factor) then factor = f; policy = a .. ':' .. f end
-    end
+  for n = 1, #ids do
+    local i, a, f = parse_cadence(rows[2 * n - 1])
+    local pi, pa, pf = parse_cadence(rows[2 * n])
+    if pi and pi > 0 then i = pi end
+    if pa and pa > 0 and pf and pf > 1 then a, f = pa, pf end
+    if i and i > 0 and (not interval or i < interval) then interval = i end
+    if a and a > 0 and f and f > 1 and (not factor or f < factor) then factor = f; policy = a .. ':' .. f end
   end
   return interval, policy
 end

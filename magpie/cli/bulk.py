@@ -110,7 +110,8 @@ def workspaces_set_interval(state: CliState, name: str, interval: str | None, de
                             dead_factor: int, clear: bool, as_json: bool) -> None:
     """Set workspace NAME's check interval (and optionally its dead-route policy), then move its routes
     into it (resumable: run it again after an interruption). A route in several workspaces takes the
-    shortest interval; a route's own interval (`magpie queue set-interval`) wins. Redis schedule only.
+    shortest interval; a route's own interval (`magpie queue set-interval`) wins, and so does a field the
+    workspace's check profile sets (`magpie profiles set --interval/--dead-after`). Redis schedule only.
 
     \b
     Example:

@@ -150,7 +150,7 @@ def judges_check(state: CliState, judge: str | None, as_json: bool) -> None:
 @click.group()
 def profiles() -> None:
     """Show or change a workspace's check profile (protocols, timeout, attempts, judge pool, rule,
-    auto-remove); the check interval stays global."""
+    auto-remove, and on the Redis schedule its check interval and dead-route policy)."""
 
 
 def _show(as_json: bool, prof: dict) -> None:
@@ -160,7 +160,18 @@ def _show(as_json: bool, prof: dict) -> None:
     rows_table(f"check profile of {prof['workspace']}" + ("" if prof["custom"] else " (defaults)"),
                ("field", "value"),
                [[k, ",".join(v) if isinstance(v, list) else ("default" if v is None else v)]
-                for k, v in prof.items() if k not in ("workspace", "custom")])
+                for k, v in prof.items() if k not in ("workspace", "custom", "walk")])
+
+
+class _Duration(click.ParamType):
+    """``magpie.cli.queue.Duration`` (ms), imported when used so this module loads without the queue CLI."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx) -> int:
+        from magpie.cli.queue import Duration
+
+        return Duration().convert(value, param, ctx)
 
 
 @profiles.command("show")
@@ -182,24 +193,63 @@ def profiles_show(state: CliState, workspace: str, as_json: bool) -> None:
 @click.option("--judge-pool", type=click.Choice(["global", "workspace"]), help="Judges to check through.")
 @click.option("--rule", help="Valid answer: echo, status or contains:<text> (default: each judge's).")
 @click.option("--auto-remove-after", type=int, help="Drop ownership after this many consecutive failures.")
+@click.option("--interval", "interval_ms", type=_Duration(),
+              help="Check interval of the workspace's routes (60s, 5m, 1h; Redis schedule only).")
+@click.option("--dead-after", type=int,
+              help="Dead-route policy: after this many dead checks in a row ... (Redis schedule only)")
+@click.option("--dead-factor", type=int,
+              help="... check every FACTOR x the interval until alive again (default 4).")
 @click.option("--reset", "resets", multiple=True,
-              type=click.Choice(["protocols", "timeout", "attempts", "judge_pool", "rule", "auto_remove_after"]),
-              help="Put a field back to its default (repeatable).")
+              type=click.Choice(["protocols", "timeout", "attempts", "judge_pool", "rule", "auto_remove_after",
+                                 "check_interval", "dead_after", "dead_factor"]),
+              help="Put a field back to its default (repeatable; dead_after resets the whole policy).")
 @json_option
 @pass_state
 def profiles_set(state: CliState, workspace: str, protocols, timeout, attempts, judge_pool, rule,
-                 auto_remove_after, resets, as_json: bool) -> None:
-    """Change WORKSPACE's check profile; prints the profile as it is now."""
-    from magpie.judges.store import profile_bounds, set_profile
+                 auto_remove_after, interval_ms, dead_after, dead_factor, resets, as_json: bool) -> None:
+    """Change WORKSPACE's check profile; prints the profile as it is now.
+
+    A profile's interval and dead-route policy win over the workspace's own (`magpie workspaces
+    set-interval`), field by field; a route's own interval (`magpie queue set-interval`) wins over both.
+    Changing them moves the workspace's routes into the new interval (resumable: run the same command again
+    after an interruption). Refused, with nothing changed, on the PostgreSQL schedule.
+
+    \b
+    Example:
+      magpie profiles set acme --timeout 5 --attempts 1
+      magpie profiles set acme --interval 60s --dead-after 3 --dead-factor 4
+      magpie profiles set acme --reset check_interval --reset dead_after --json
+    """
+    from magpie.cli.progress import progress
+    from magpie.judges.store import CADENCE_FIELDS, profile_bounds, profile_cadence_ms, set_profile, workspace_id
 
     changes = {k: v for k, v in (("protocols", protocols), ("timeout", timeout), ("attempts", attempts),
                                  ("judge_pool", judge_pool), ("rule", rule),
-                                 ("auto_remove_after", auto_remove_after)) if v is not None}
+                                 ("auto_remove_after", auto_remove_after),
+                                 ("check_interval", interval_ms / 1000 if interval_ms else None),
+                                 ("dead_after", dead_after), ("dead_factor", dead_factor)) if v is not None}
+    both = set(changes) & set(resets)
+    if both:
+        raise click.UsageError(f"--reset {sorted(both)[0]} and a new value for it at once")
     changes.update(dict.fromkeys(resets))
+    cadence = bool(set(changes) & set(CADENCE_FIELDS))
+    if cadence and not getattr(state.queue, "carries_cadence", False):
+        state.queue.set_profile_cadence(0)  # the schedule's one-line refusal, before anything is written
     max_timeout, max_attempts = profile_bounds(state.settings)
     with user_errors(ValueError):
         prof = set_profile(state.engine, workspace, changes, max_timeout=max_timeout,
                            max_attempts=max_attempts, **_changed(state))
+    if cadence:
+        with state.engine.connect() as conn:
+            wid = workspace_id(conn, workspace)
+        with progress("walking routes") as update:
+            walk = state.queue.set_profile_cadence(wid, **profile_cadence_ms(prof),
+                                                   progress=lambda c: update(c["shard"], state.queue.shards))
+        if as_json:
+            prof = {**prof, "walk": walk}
+        else:
+            click.echo(f"workspace {workspace!r}: {walk['routes']} routes, {walk['moved']} moved into the new "
+                       "interval")
     _show(as_json, prof)
 
 

@@ -276,6 +276,18 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
     return out
 
 
+def profile_cadences(engine: Engine) -> dict[int, dict]:
+    """Every check profile that sets a cadence (migration 0016), in the schedule's form:
+    ``{workspace id: {"interval_ms", "dead_after", "dead_factor"}}`` (0 where unset), as
+    :func:`magpie.queue.cadence.restore_profile_cadences` takes it. Raises ``DBAPIError``."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text(
+            "SELECT workspace_id, check_interval, dead_after, dead_factor FROM check_profiles "
+            "WHERE check_interval IS NOT NULL OR dead_after IS NOT NULL")).all()
+    return {int(w): {"interval_ms": int(round(float(iv) * 1000)) if iv else 0, "dead_after": int(a or 0),
+                     "dead_factor": int(f or 0) if a else 0} for w, iv, a, f in rows}
+
+
 def all_route_records(
     engine: Engine, keyring: Keyring, *, include_orphans: bool = False, batch: int = 5000
 ) -> Iterator[RouteRecord]:

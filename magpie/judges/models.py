@@ -64,6 +64,9 @@ class CheckProfile(Base):
     attempt in seconds; ``attempts``; ``judge_pool`` ``global`` or ``workspace`` (its own judges, the
     global pool when it has none); ``rule`` overrides the judges' valid-answer rule;
     ``auto_remove_after``: drop the workspace's ownership of a route after this many consecutive failures.
+    ``check_interval`` (seconds) and ``dead_after`` / ``dead_factor`` (the dead-route policy, both or
+    neither): the cadence of the workspace's routes on the Redis schedule (migration 0016; the schedule
+    reads its copy in ``proxy_ws_cadence``, :mod:`magpie.queue.cadence`).
     """
 
     __tablename__ = "check_profiles"
@@ -73,6 +76,9 @@ class CheckProfile(Base):
         sa.CheckConstraint("timeout IS NULL OR timeout > 0", name="timeout"),
         sa.CheckConstraint("attempts IS NULL OR attempts >= 1", name="attempts"),
         sa.CheckConstraint("auto_remove_after IS NULL OR auto_remove_after >= 1", name="auto_remove_after"),
+        sa.CheckConstraint("check_interval IS NULL OR check_interval >= 1", name="check_interval"),
+        sa.CheckConstraint("(dead_after IS NULL AND dead_factor IS NULL) OR (dead_after >= 1 AND dead_factor >= 2)",
+                           name="dead_policy"),
     )
 
     workspace_id: Mapped[int] = mapped_column(
@@ -83,6 +89,9 @@ class CheckProfile(Base):
     judge_pool: Mapped[str] = mapped_column(sa.Text, nullable=False, server_default="global")
     rule: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     auto_remove_after: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    check_interval: Mapped[float | None] = mapped_column(sa.REAL, nullable=True)
+    dead_after: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
+    dead_factor: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(TSTZ, nullable=False, server_default=_now)
 
 

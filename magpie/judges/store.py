@@ -263,7 +263,12 @@ def record_health(conn: sa.Connection, judge_id: int, ok: bool, reason: str | No
 
 # -- profiles ------------------------------------------------------------------------------------------
 
-PROFILE_FIELDS = ("protocols", "timeout", "attempts", "judge_pool", "rule", "auto_remove_after")
+PROFILE_FIELDS = ("protocols", "timeout", "attempts", "judge_pool", "rule", "auto_remove_after",
+                  "check_interval", "dead_after", "dead_factor")
+CADENCE_FIELDS = ("check_interval", "dead_after", "dead_factor")
+"""Profile fields the schedule follows (:func:`profile_cadence_ms`); the Redis schedule only."""
+DEFAULT_DEAD_FACTOR = 4
+_MAX_INTERVAL_S = 30 * 86400
 
 
 def get_profile(engine: Engine, workspace: str) -> dict:
@@ -272,8 +277,7 @@ def get_profile(engine: Engine, workspace: str) -> dict:
     with engine.connect() as conn:
         wid = workspace_id(conn, workspace)
         row = conn.execute(sa.text(
-            "SELECT protocols, timeout, attempts, judge_pool, rule, auto_remove_after FROM check_profiles "
-            "WHERE workspace_id = :w"), {"w": wid}).first()
+            f"SELECT {', '.join(PROFILE_FIELDS)} FROM check_profiles WHERE workspace_id = :w"), {"w": wid}).first()
     out = {"workspace": workspace, "custom": row is not None}
     out.update(dict(row._mapping) if row is not None else dict.fromkeys(PROFILE_FIELDS))
     if out["judge_pool"] is None:
@@ -321,18 +325,63 @@ def validate_profile(changes: dict, *, max_timeout: float, max_attempts: int) ->
             if int(value) < 1:
                 raise ValueError("auto_remove_after must be >= 1 failures")
             out[key] = int(value)
+        elif key == "check_interval":
+            if not 1 <= float(value) <= _MAX_INTERVAL_S:
+                raise ValueError(f"check_interval must be 1 s .. 30 days, got {value!r}")
+            out[key] = float(value)
+        elif key == "dead_after":
+            if not 1 <= int(value) <= 1_000_000:
+                raise ValueError(f"dead_after must be 1..1000000 dead checks, got {value!r}")
+            out[key] = int(value)
+        elif key == "dead_factor":
+            if not 2 <= int(value) <= 1000:
+                raise ValueError(f"dead_factor must be 2..1000, got {value!r}")
+            out[key] = int(value)
     return out
+
+
+def _dead_policy(fields: dict, stored: dict) -> dict:
+    """Keep ``dead_after`` and ``dead_factor`` both set or both unset: resetting ``dead_after`` resets the
+    factor, a new ``dead_after`` without a factor takes the stored one or :data:`DEFAULT_DEAD_FACTOR`.
+    Raises ``ValueError`` for a factor with no ``dead_after`` set or given."""
+    out = dict(fields)
+    if "dead_after" in out and out["dead_after"] is None:
+        out["dead_factor"] = None
+    elif out.get("dead_after") is not None and out.get("dead_factor", stored.get("dead_factor")) is None:
+        out["dead_factor"] = DEFAULT_DEAD_FACTOR
+    if out.get("dead_factor") is not None and out.get("dead_after", stored.get("dead_after")) is None:
+        raise ValueError("dead_factor needs dead_after (dead checks in a row before backing off)")
+    if "dead_factor" in out and out["dead_factor"] is None and out.get("dead_after", stored.get("dead_after")):
+        out["dead_factor"] = DEFAULT_DEAD_FACTOR  # a reset factor goes back to the default, the policy stays
+    return out
+
+
+def profile_cadence_ms(profile: dict) -> dict:
+    """The schedule's form of a profile's cadence (:func:`magpie.queue.cadence.set_profile_cadence`
+    keywords): ``{"interval_ms", "dead_after", "dead_factor"}``, 0 where the profile sets nothing."""
+    iv = profile.get("check_interval")
+    return {"interval_ms": int(round(float(iv) * 1000)) if iv else 0,
+            "dead_after": int(profile.get("dead_after") or 0),
+            "dead_factor": int(profile.get("dead_factor") or 0) if profile.get("dead_after") else 0}
 
 
 def set_profile(engine: Engine, workspace: str, changes: dict, *, max_timeout: float = 30.0,
                 max_attempts: int = 3, redis=None, prefix: str = "") -> dict:
     """Change ``workspace``'s profile fields (see :func:`validate_profile`), raise the revision, publish;
-    returns the profile as :func:`get_profile` shows it. Raises ``ValueError`` or :class:`MagpieError`."""
+    returns the profile as :func:`get_profile` shows it. Raises ``ValueError`` or :class:`MagpieError`.
+
+    The cadence fields (:data:`CADENCE_FIELDS`) are stored here only; the caller applies them to the
+    schedule (:func:`magpie.queue.cadence.set_profile_cadence` with :func:`profile_cadence_ms`), as
+    ``magpie profiles set`` does."""
     fields = validate_profile(changes, max_timeout=max_timeout, max_attempts=max_attempts)
     with engine.begin() as conn:
         wid = workspace_id(conn, workspace)
         conn.execute(sa.text("INSERT INTO check_profiles (workspace_id) VALUES (:w) ON CONFLICT DO NOTHING"),
                      {"w": wid})
+        if {"dead_after", "dead_factor"} & set(fields):
+            stored = conn.execute(sa.text("SELECT dead_after, dead_factor FROM check_profiles WHERE workspace_id = :w "
+                                          "FOR UPDATE"), {"w": wid}).mappings().one()
+            fields = _dead_policy(fields, dict(stored))
         if fields:
             sets = ", ".join(f"{k} = :{k}" for k in fields)
             conn.execute(sa.text(f"UPDATE check_profiles SET {sets}, updated_at = now() WHERE workspace_id = :w"),

@@ -53,7 +53,8 @@ def rebuild_schedule(
         progress: called after each chunk with ``(routes fed so far, routes counted at the start)``.
     Returns:
         ``{"ran": bool, "routes": int (routes fed), "total": int (owned routes counted at the start),
-        "new": int (added back), "merged": int, "unchanged": int, "complete": bool, "seconds": float}``;
+        "new": int (added back), "merged": int, "unchanged": int, "complete": bool, "seconds": float}``,
+        plus ``"profile_cadences"`` (check profiles whose cadence was written back) on the Redis schedule;
         ``ran`` is False (and ``reason`` set) when another process holds the lock.
     Raises:
         magpie.crypto.CredentialError: stored credentials do not decrypt with ``PROXY_ENCRYPTION_KEY``.
@@ -88,6 +89,11 @@ def rebuild_schedule(
     t0 = time.monotonic()
     total = owned_routes(engine)
     out = {"ran": True, "routes": 0, "total": total, "new": 0, "merged": 0, "unchanged": 0, "complete": True}
+    if getattr(queue, "carries_cadence", False):  # profile cadences first: routes added back take them
+        from magpie.db.repo import profile_cadences
+        from magpie.queue.cadence import restore_profile_cadences
+
+        out["profile_cadences"] = restore_profile_cadences(queue, profile_cadences(engine))
     keyring = get_keyring(settings.encryption_key)
     cipher = write_cipher(settings)  # PROXY_QUEUE_ENCRYPT_CREDENTIALS: routes added back are sealed
     buf: list[tuple[str, str]] = []

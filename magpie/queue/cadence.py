@@ -1,11 +1,17 @@
 """Per-route cadence on the Redis schedule: a route's own interval and the dead-route policy.
 
 State (``lua/lib.lua``): ``proxy_ws_cadence`` maps a workspace id to ``interval_ms:dead_after:dead_factor``
-(0 = not set); ``proxy_cadence`` holds each affected route's own interval (``<m>``), an operator's
+(0 = not set), and ``p:<workspace id>`` to the same from the workspace's check profile; ``proxy_cadence`` holds each affected route's own interval (``<m>``), an operator's
 override (``<m>#r``), its dead-route policy (``<m>#p``) and its dead streak (``<m>#d``). ``complete.lua``
 reads that hash only while it holds anything, so a deployment without cadences pays one ``EXISTS`` per
 completion call. A change walks only the routes it affects (:func:`walk_workspace`, resumable) and moves
 a route due later than now + its new interval into that interval (``lua/cadence.lua``).
+
+Precedence of a route's interval: the operator's override (``magpie queue set-interval``), then the
+shortest over its workspaces of each one's profile interval (``magpie profiles set --interval``) or else
+its workspace interval (``magpie workspaces set-interval``), then ``MAGPIE_CHECK_INTERVAL``. The dead-route
+policy: per workspace the profile's, else the workspace's; the smallest factor over the route's
+workspaces; else ``MAGPIE_DEAD_BACKOFF_AFTER`` / ``MAGPIE_DEAD_BACKOFF_FACTOR``.
 """
 
 from __future__ import annotations
@@ -50,13 +56,37 @@ def route_cadence(queue, member: str) -> dict:
             "policy": _s(pol) if pol else None, "dead_streak": int(streak) if streak else 0}
 
 
-def workspace_cadence(queue, workspace_id: int) -> dict | None:
-    """``{"interval_ms", "dead_after", "dead_factor"}`` set for a workspace (0 = unset), or None."""
-    raw = queue.r.hget(queue.keys.ws_cadence, str(int(workspace_id)))
+def _read(queue, field: str) -> dict | None:
+    raw = queue.r.hget(queue.keys.ws_cadence, field)
     if raw is None:
         return None
     iv, after, factor = (int(x) for x in _s(raw).split(":"))
     return {"interval_ms": iv, "dead_after": after, "dead_factor": factor}
+
+
+def workspace_cadence(queue, workspace_id: int) -> dict | None:
+    """``{"interval_ms", "dead_after", "dead_factor"}`` set for a workspace (0 = unset), or None."""
+    return _read(queue, str(int(workspace_id)))
+
+
+def profile_cadence(queue, workspace_id: int) -> dict | None:
+    """``{"interval_ms", "dead_after", "dead_factor"}`` the workspace's check profile sets (0 = unset), or
+    None when it sets none."""
+    return _read(queue, f"p:{int(workspace_id)}")
+
+
+def _validate(interval_ms: int, dead_after: int, dead_factor: int) -> None:
+    if interval_ms and int(interval_ms) < 1000:
+        raise ValueError(f"interval must be at least 1s, got {interval_ms} ms")
+    if dead_after < 0 or (dead_after and dead_factor < 2):
+        raise ValueError("a dead-route policy needs --dead-after >= 1 and --dead-factor >= 2")
+
+
+def _store(queue, field: str, interval_ms: int, dead_after: int, dead_factor: int) -> None:
+    if not (interval_ms or dead_after):
+        queue.r.hdel(queue.keys.ws_cadence, field)
+    else:
+        queue.r.hset(queue.keys.ws_cadence, field, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
 
 
 def set_workspace_cadence(queue, workspace_id: int, *, interval_ms: int = 0, dead_after: int = 0,
@@ -71,16 +101,37 @@ def set_workspace_cadence(queue, workspace_id: int, *, interval_ms: int = 0, dea
         batch: routes per ZSCAN step. progress: called with the walk's counts after each step.
     Returns the walk's counts (:func:`walk_workspace`). Raises ``ValueError`` for out-of-range values.
     """
-    if interval_ms and int(interval_ms) < 1000:
-        raise ValueError(f"interval must be at least 1s, got {interval_ms} ms")
-    if dead_after < 0 or (dead_after and dead_factor < 2):
-        raise ValueError("a dead-route policy needs --dead-after >= 1 and --dead-factor >= 2")
-    ws = str(int(workspace_id))
-    if not (interval_ms or dead_after):
-        queue.r.hdel(queue.keys.ws_cadence, ws)
-    else:
-        queue.r.hset(queue.keys.ws_cadence, ws, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
+    _validate(interval_ms, dead_after, dead_factor)
+    _store(queue, str(int(workspace_id)), interval_ms, dead_after, dead_factor)
     return walk_workspace(queue, workspace_id, batch=batch, progress=progress)
+
+
+def set_profile_cadence(queue, workspace_id: int, *, interval_ms: int = 0, dead_after: int = 0,
+                        dead_factor: int = 0, batch: int = 500,
+                        progress: Callable[[dict], object] | None = None) -> dict:
+    """Set (or, all zero, clear) the cadence of workspace ``workspace_id``'s check profile and walk the
+    workspace's routes, resumably, as :func:`set_workspace_cadence` does. A profile field set wins over the
+    workspace's own (see the module doc); the durable copy is the ``check_profiles`` row
+    (:func:`magpie.judges.store.set_profile`), this is the one the schedule reads.
+
+    Args and errors as :func:`set_workspace_cadence`. Returns the walk's counts (:func:`walk_workspace`).
+    """
+    _validate(interval_ms, dead_after, dead_factor)
+    _store(queue, f"p:{int(workspace_id)}", interval_ms, dead_after, dead_factor)
+    return walk_workspace(queue, workspace_id, batch=batch, progress=progress)
+
+
+def restore_profile_cadences(queue, cadences: dict[int, dict]) -> int:
+    """Write the profile cadences PostgreSQL holds (``{workspace id: {"interval_ms", "dead_after",
+    "dead_factor"}}``, :func:`magpie.judges.store.profile_cadences`) back into the schedule, without a walk:
+    a schedule rebuild (:func:`magpie.maintenance.rebuild.rebuild_schedule`) runs it before it adds the
+    routes back, and ``schedule.lua`` gives every route it adds its cadence. Returns the profiles written."""
+    if not cadences:
+        return 0
+    queue.r.hset(queue.keys.ws_cadence, mapping={
+        f"p:{int(w)}": f"{int(c['interval_ms'])}:{int(c['dead_after'])}:{int(c['dead_factor'])}"
+        for w, c in cadences.items()})
+    return len(cadences)
 
 
 def walk_workspace(queue, workspace_id: int, *, batch: int = 500,
@@ -88,14 +139,15 @@ def walk_workspace(queue, workspace_id: int, *, batch: int = 500,
     """Recompute the cadence of every route of ``workspace_id``, shard by shard.
 
     The walk's place (shard, ZSCAN cursor, counts) is kept in the side key ``cadence_walk:<id>`` with the
-    workspace setting it serves; a walk interrupted (a crash, Ctrl-C) resumes there when run again for the
+    workspace and profile settings it serves; a walk interrupted (a crash, Ctrl-C) resumes there when run again for the
     same setting, and a changed setting starts it over. Returns ``{"routes": affected routes, "moved":
     routes moved into their new interval, "resumed": bool}``.
     """
     ws = str(int(workspace_id))
     r, k = queue.r, queue.keys
     key = queue.side_key(f"cadence_walk:{ws}")
-    run = _s(r.hget(k.ws_cadence, ws) or b"clear")
+    own, prof = r.hmget(k.ws_cadence, [ws, f"p:{ws}"])
+    run = f"{_s(own or b'clear')}|{_s(prof or b'clear')}"  # the settings the walk serves
     state = {(_s(a)): _s(b) for a, b in r.hgetall(key).items()}
     resumed = state.get("run") == run
     if not resumed:

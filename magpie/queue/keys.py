@@ -130,7 +130,8 @@ class QueueKeys:
 
     @property
     def ws_cadence(self) -> str:
-        """Workspace cadences (hash): workspace id -> ``interval_ms:dead_after:dead_factor`` (0 = unset)."""
+        """Workspace cadences (hash): workspace id -> ``interval_ms:dead_after:dead_factor`` (0 = unset), and
+        ``p:<workspace id>`` -> the same from the workspace's check profile (it wins field by field)."""
         return self.base + "proxy_ws_cadence"
 
     def core(self) -> list[str]:

@@ -71,6 +71,9 @@ class RouteQueue:
             ahead of the due backlog (``MAGPIE_PRIORITY_SHARE``; 0 = no lane, claims in due order only).
     """
 
+    carries_cadence = True
+    """Per-route, workspace and profile cadences are served (:mod:`magpie.queue.cadence`)."""
+
     def __init__(self, client: redis.Redis, keys: QueueKeys, interval_ms: int, lease_ms: int = 300_000,
                  max_stalled: int = 3, log_limit: int = 100, clock: Callable[[], int] | None = None,
                  dead_after: int = 0, dead_factor: int = 1, priority_share: float = 0.0):
@@ -518,6 +521,15 @@ class RouteQueue:
 
         return set_workspace_cadence(self, workspace_id, interval_ms=interval_ms, dead_after=dead_after,
                                      dead_factor=dead_factor, progress=progress)
+
+    def set_profile_cadence(self, workspace_id: int, *, interval_ms: int = 0, dead_after: int = 0,
+                            dead_factor: int = 0, progress=None) -> dict:
+        """Set or clear the interval and dead-route policy of a workspace's check profile and walk its
+        routes (:func:`magpie.queue.cadence.set_profile_cadence`, whose arguments, reply and errors it has)."""
+        from magpie.queue.cadence import set_profile_cadence
+
+        return set_profile_cadence(self, workspace_id, interval_ms=interval_ms, dead_after=dead_after,
+                                   dead_factor=dead_factor, progress=progress)
 
     # -- operator plane -------------------------------------------------------------------------------
     def pause(self) -> None:

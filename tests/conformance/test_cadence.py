@@ -9,7 +9,7 @@ import pytest
 
 from magpie.errors import RefusedError
 from magpie.queue import Payload
-from magpie.queue.cadence import route_cadence, walk_workspace
+from magpie.queue.cadence import profile_cadence, restore_profile_cadences, route_cadence, walk_workspace
 from magpie.routes import Route
 
 INTERVAL = 60_000
@@ -116,6 +116,83 @@ def test_workspace_walk_resumes_where_it_was_interrupted(make_queue, clock, back
     assert out["resumed"] is True and out["routes"] == len(routes)
     assert all(float(q.score(h)) - clock.now <= 4_000 for h, _ in routes)
     assert not q.r.exists(q.side_key("cadence_walk:3"))
+
+
+def test_profile_interval_is_refused_by_the_postgresql_schedule(make_queue, clock, backend):
+    q = make_queue(interval_ms=INTERVAL, clock=clock)
+    if backend == "redis":
+        assert q.carries_cadence is True
+        return
+    assert q.carries_cadence is False
+    with pytest.raises(RefusedError) as err:
+        q.set_profile_cadence(1, interval_ms=10_000)
+    assert "postgresql" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_profile_interval_beats_the_workspace_and_a_route_override_beats_both(make_queue, clock, backend):
+    redis_only(backend)
+    q = make_queue(interval_ms=INTERVAL, clock=clock)
+    mine = [item(i, ws=(11,)) for i in range(500, 510)]
+    other = [item(i, ws=(12,)) for i in range(510, 515)]
+    q.schedule(mine + other)
+    before = {h: q.score(h) for h, _ in other}
+    q.set_workspace_cadence(11, interval_ms=30_000)
+    counts = q.set_profile_cadence(11, interval_ms=6_000)
+    assert counts["routes"] == len(mine)  # only the profile's workspace is walked
+    assert {h: q.score(h) for h, _ in other} == before
+    assert all(float(q.score(h)) - clock.now <= 6_000 for h, _ in mine)
+    assert profile_cadence(q, 11) == {"interval_ms": 6_000, "dead_after": 0, "dead_factor": 0}
+    assert cycle(q, clock, mine[0][0]) == 6_000  # the profile, not the workspace's 30 s
+    q.set_route_interval(mine[1][0], 2_000)
+    assert cycle(q, clock, mine[1][0]) == 2_000  # the route's override beats its profile
+    new_h, new_p = item(520, ws=(11,))
+    q.schedule([(new_h, new_p)])
+    assert cycle(q, clock, new_h) == 6_000  # a new import takes the profile's cadence
+    q.set_profile_cadence(11)  # cleared: back to the workspace's interval, the override stays
+    assert profile_cadence(q, 11) is None
+    assert cycle(q, clock, mine[0][0]) == 30_000
+    assert cycle(q, clock, mine[1][0]) == 2_000
+    assert cycle(q, clock, other[0][0]) == INTERVAL
+
+
+def test_profile_and_workspace_cadences_combine_field_by_field(make_queue, clock, backend):
+    redis_only(backend)
+    q = make_queue(interval_ms=INTERVAL, clock=clock)
+    (a, pa), (b, pb) = item(530, ws=(13,)), item(531, ws=(13, 14))
+    q.schedule([(a, pa), (b, pb)])
+    q.set_workspace_cadence(13, interval_ms=10_000)
+    q.set_profile_cadence(13, dead_after=1, dead_factor=5)  # the profile sets the policy only
+    assert cycle(q, clock, a, alive=False) == 5 * 10_000  # workspace's interval x profile's factor
+    assert cycle(q, clock, a, alive=True) == 10_000
+    q.set_profile_cadence(14, interval_ms=4_000, dead_after=1, dead_factor=3)
+    assert cycle(q, clock, b, alive=False) == 3 * 4_000  # shortest interval, smallest factor of the two
+    q.set_workspace_cadence(13, dead_after=1, dead_factor=2)  # the profile's policy still wins for 13
+    assert route_cadence(q, a)["policy"] == "1:5"
+
+
+def test_profile_walk_resumes_and_a_rebuild_restores_profile_cadences(make_queue, clock, backend):
+    redis_only(backend)
+    q = make_queue(interval_ms=INTERVAL, clock=clock, shards=4)
+    routes = [item(i, ws=(15,)) for i in range(540, 580)]
+    q.schedule(routes)
+
+    def stop(c):
+        if c["shard"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        q.set_profile_cadence(15, interval_ms=4_000, progress=stop)
+    assert not all(float(q.score(h)) - clock.now <= 4_000 for h, _ in routes)  # stopped half way
+    out = walk_workspace(q, 15)
+    assert out["resumed"] is True and out["routes"] == len(routes)
+    assert all(float(q.score(h)) - clock.now <= 4_000 for h, _ in routes)
+    assert not q.r.exists(q.side_key("cadence_walk:15"))
+    # Redis lost the cadences: what PostgreSQL holds is written back before routes are added again
+    q.r.delete(q.keys.ws_cadence, q.keys.cadence)
+    assert restore_profile_cadences(q, {15: {"interval_ms": 4_000, "dead_after": 0, "dead_factor": 0}}) == 1
+    h, p = item(581, ws=(15,))
+    q.schedule([(h, p)])
+    assert cycle(q, clock, h) == 4_000
 
 
 def test_dead_route_backs_off_until_alive(make_queue, clock, backend):

@@ -12,7 +12,7 @@ from magpie.judges.failures import _fold, parse_owners
 from magpie.judges.ownership import payload_owners, with_owners
 from magpie.judges.plan import GLOBAL, Defaults, JudgePools, PlanCache, make_plan
 from magpie.judges.rules import validate_rule
-from magpie.judges.store import JudgeInfo, Profile, Snapshot, validate_profile
+from magpie.judges.store import JudgeInfo, Profile, Snapshot, _dead_policy, profile_cadence_ms, validate_profile
 
 D = Defaults(10.0, 2, "http://127.0.0.1:8899/")
 
@@ -142,6 +142,27 @@ def test_profile_validation_names_the_field():
         validate_profile({"timeout": 99}, max_timeout=30, max_attempts=3)
     with pytest.raises(ValueError, match="protocols"):
         validate_profile({"protocols": "ftp"}, max_timeout=30, max_attempts=3)
+
+
+def test_profile_cadence_fields_validate_and_keep_the_dead_policy_whole():
+    ok = validate_profile({"check_interval": 60, "dead_after": 3, "dead_factor": 5}, max_timeout=30, max_attempts=3)
+    assert ok == {"check_interval": 60.0, "dead_after": 3, "dead_factor": 5}
+    for bad, field in (({"check_interval": 0.5}, "check_interval"), ({"check_interval": 31 * 86400}, "check_interval"),
+                       ({"dead_after": 0}, "dead_after"), ({"dead_factor": 1}, "dead_factor")):
+        with pytest.raises(ValueError, match=field):
+            validate_profile(bad, max_timeout=30, max_attempts=3)
+    none = {"dead_after": None, "dead_factor": None}
+    assert _dead_policy({"dead_after": 3}, none) == {"dead_after": 3, "dead_factor": 4}  # the default factor
+    assert _dead_policy({"dead_after": 3}, {"dead_after": 2, "dead_factor": 6}) == {"dead_after": 3}  # keeps 6
+    assert _dead_policy({"dead_after": None}, {"dead_after": 2, "dead_factor": 6}) == none  # the whole policy
+    assert _dead_policy({"dead_factor": None}, {"dead_after": 2, "dead_factor": 6}) == {"dead_factor": 4}
+    assert _dead_policy({"dead_factor": 7}, {"dead_after": 2, "dead_factor": 6}) == {"dead_factor": 7}
+    with pytest.raises(ValueError, match="dead_factor needs dead_after"):
+        _dead_policy({"dead_factor": 7}, none)
+    assert profile_cadence_ms({"check_interval": 1.5, "dead_after": None, "dead_factor": None}) == {
+        "interval_ms": 1500, "dead_after": 0, "dead_factor": 0}
+    assert profile_cadence_ms({"check_interval": None, "dead_after": 3, "dead_factor": 4}) == {
+        "interval_ms": 0, "dead_after": 3, "dead_factor": 4}
 
 
 def test_streak_folding_and_owner_parsing():

@@ -52,6 +52,9 @@ class PgSchedule(AdminPlane, SpreadPlane):
         pool_size: most database connections this process opens.
     """
 
+    carries_cadence = False
+    """No per-route, workspace or profile cadence: those verbs are refused."""
+
     def __init__(self, url: str, keys: QueueKeys, interval_ms: int, lease_ms: int = 300_000,
                  max_stalled: int = 3, log_limit: int = 100, clock: Callable[[], int] | None = None,
                  redis_client=None, redis_url: str | None = None, pool_size: int = 8):
@@ -143,6 +146,13 @@ class PgSchedule(AdminPlane, SpreadPlane):
 
         raise RefusedError(Refusal.UNSUPPORTED, detail="workspace cadences are served by the Redis schedule "
                                                        "only (MAGPIE_SCHEDULE_URL is postgresql://)")
+
+    def set_profile_cadence(self, workspace_id: int, **_kw) -> dict:
+        """Redis only: refused here (:class:`magpie.errors.RefusedError` ``unsupported``)."""
+        from magpie.errors import RefusedError
+
+        raise RefusedError(Refusal.UNSUPPORTED, detail="check-profile cadences are served by the Redis "
+                                                       "schedule only (MAGPIE_SCHEDULE_URL is postgresql://)")
 
     def close(self) -> None:
         """Close this process's database connections."""
