@@ -134,7 +134,9 @@ class Settings(BaseSettings):
     ``rediss://`` or ``unix://``); run it with ``maxmemory-policy noeviction``."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
-    ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
+    ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``.
+    On RabbitMQ magpie's queues are durable quorum queues and each deployment uses a vhost of its own
+    (the URL's path); docs/operations.md, "Choosing a broker"."""
     result_backend: str | None = Field(None, alias="MAGPIE_RESULT_BACKEND")
     """Celery result backend; unset: none (magpie's tasks report through Redis and PostgreSQL)."""
     broker_key_prefix: str = Field("", alias="MAGPIE_BROKER_KEY_PREFIX")
