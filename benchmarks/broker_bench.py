@@ -53,6 +53,7 @@ def make_app(broker_url: str, key_prefix: str, confirm: bool = True) -> Celery:
 
     app = Celery("broker-bench", set_as_current=False)
     conf = build(_settings(broker_url, key_prefix))
+    conf["task_queues"] = [q for q in conf["task_queues"] if q.name == "checks"]  # the one queue used here
     if not confirm:
         conf["broker_transport_options"] = {}
     app.conf.update(conf)
