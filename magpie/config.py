@@ -790,6 +790,10 @@ class Settings(BaseSettings):
                 names = ", ".join(s + "://" for s in BROKER_SCHEMES[:-1]) + f" or {BROKER_SCHEMES[-1]}://"
                 raise ValueError(f"MAGPIE_BROKER_URL: must be a {names} URL "
                                  f"(got {f'scheme {scheme!r}' if named else 'no scheme'})")
+        kinds = {url.strip().partition("://")[0].lower() in AMQP_SCHEMES for url in self.broker_url.split(";")}
+        if len(kinds) > 1:
+            raise ValueError("MAGPIE_BROKER_URL: failover URLs (separated by ';') must be all RabbitMQ or all "
+                             "Redis, not both")
         if self.broker_key_prefix and self.broker_is_amqp:
             raise ValueError("MAGPIE_BROKER_KEY_PREFIX: only for a Redis broker; on RabbitMQ give each "
                              "deployment a vhost of its own, the path of MAGPIE_BROKER_URL (amqp://host:5672/<vhost>)")

@@ -59,3 +59,10 @@ def test_a_key_prefix_on_an_amqp_broker_is_one_line_pointing_at_vhosts_without_t
 @pytest.mark.parametrize("url,amqp", [*((u, True) for u in AMQP), *((u, False) for u in REDIS), ("memory://", False)])
 def test_broker_is_amqp(url, amqp):
     assert load_settings(broker_url=url).broker_is_amqp is amqp
+
+
+def test_failover_urls_mixing_rabbitmq_and_redis_are_refused_in_one_line():
+    with pytest.raises(ConfigError) as err:
+        load_settings(broker_url="redis://:Canary-pw-2@r:6379/1;amqp://u:Canary-pw-2@mq//")
+    msg = str(err.value)
+    assert "MAGPIE_BROKER_URL" in msg and "failover" in msg and "\n" not in msg and "Canary-pw-2" not in msg
