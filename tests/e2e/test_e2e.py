@@ -81,6 +81,9 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
             log.close()
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
         assert len(rows) == len(expected)
+        if broker_url:  # the messages went through RabbitMQ, with the password masked in the banner
+            text = (tmp_path / "celery.log").read_text(errors="replace")
+            assert "transport:   amqp://guest:**@" in text and "guest:guest" not in text, text[:2000]
         for r in rows:
             p = expected[(r["host"], r["port"])]
             assert r["checks_total"] >= 2, (p.name, r, (tmp_path / "celery.log").read_text()[-3000:])
