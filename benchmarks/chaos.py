@@ -29,6 +29,12 @@ results_lost=R double_leader_runs=B`` (sums over the scenarios). Exit status 1 w
     .venv/bin/python benchmarks/chaos.py                # full sizes, 60 s database outages (~25 min)
     .venv/bin/python benchmarks/chaos.py --full --scenarios kill-loop   # 30 kills over 120 s, 60 routes
     .venv/bin/python benchmarks/chaos.py --scenarios kill-loop,two-beats --keep-logs
+    .venv/bin/python benchmarks/chaos.py --quick --broker amqp   # the broker on RabbitMQ (a vhost per scenario)
+
+``--broker amqp`` runs every scenario with RabbitMQ as the broker: each scenario gets a vhost of its own
+(``magpie-test-<random>`` on 127.0.0.1:5672, user guest, deleted afterwards) holding magpie's quorum
+queues; ``broker-restart`` then deletes the vhost and creates it again (its queues and messages gone,
+every connection closed), since the shared RabbitMQ server itself is never restarted.
 """
 
 from __future__ import annotations
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-dir", help="where process logs go (default: a new /tmp/magpie-chaos-* directory)")
     ap.add_argument("--keep-logs", action="store_true", help="keep the logs of every scenario (failed ones are "
                                                               "always kept)")
+    ap.add_argument("--broker", choices=("redis", "amqp"), default="redis",
+                    help="the Celery broker: private Redis servers (default) or a RabbitMQ vhost per scenario")
     args = ap.parse_args(argv)
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -71,7 +79,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     print(f"# chaos {time.strftime('%Y-%m-%d %H:%M:%S')} host={platform.node()} python={platform.python_version()} "
-          f"mode={'full' if args.full else 'quick' if args.quick else 'default'} logs={log_dir}", flush=True)
+          f"mode={'full' if args.full else 'quick' if args.quick else 'default'} broker={args.broker} logs={log_dir}",
+          flush=True)
+    if args.broker == "amqp":
+        from magpie.lab.rabbitmq import HOST, PORT, reachable
+
+        if not reachable():
+            print(f"chaos: RabbitMQ is not reachable on {HOST}:{PORT} (make services starts it)", file=sys.stderr)
+            return 2
     try:
         pg = PrivatePostgres()
         pg.start()
@@ -81,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = []
     try:
         for name in names:
-            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True, full=args.full)
+            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True, full=args.full,
+                               broker=args.broker)
             outcomes.append(out)
             print(out.line(), flush=True)
             for f in out.failures:

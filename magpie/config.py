@@ -29,6 +29,8 @@ from magpie.errors import MagpieError
 
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 """Broker URL schemes magpie runs on (Celery/kombu transports: Redis and RabbitMQ; memory for tests)."""
+AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.celery_config`)."""
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -132,11 +134,15 @@ class Settings(BaseSettings):
     ``rediss://`` or ``unix://``); run it with ``maxmemory-policy noeviction``."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
-    ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
+    ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``.
+    On RabbitMQ magpie's queues are durable quorum queues and each deployment uses a vhost of its own
+    (the URL's path); docs/operations.md, "Choosing a broker"."""
     result_backend: str | None = Field(None, alias="MAGPIE_RESULT_BACKEND")
     """Celery result backend; unset: none (magpie's tasks report through Redis and PostgreSQL)."""
     broker_key_prefix: str = Field("", alias="MAGPIE_BROKER_KEY_PREFIX")
-    """Key prefix for a Redis broker's own keys (kombu ``global_keyprefix``), to share one Redis database."""
+    """Key prefix for a Redis broker's own keys (kombu ``global_keyprefix``), to share one Redis database.
+    Refused with a RabbitMQ broker: deployments sharing a RabbitMQ server each use a vhost of their own
+    (``amqp://user:password@host:5672/<vhost>``)."""
     redis_prefix: str = Field("magpie:", alias="MAGPIE_REDIS_PREFIX")
     """Prefix of every Redis key of this deployment (several deployments can share a server)."""
 
@@ -784,7 +790,19 @@ class Settings(BaseSettings):
                 names = ", ".join(s + "://" for s in BROKER_SCHEMES[:-1]) + f" or {BROKER_SCHEMES[-1]}://"
                 raise ValueError(f"MAGPIE_BROKER_URL: must be a {names} URL "
                                  f"(got {f'scheme {scheme!r}' if named else 'no scheme'})")
+        kinds = {url.strip().partition("://")[0].lower() in AMQP_SCHEMES for url in self.broker_url.split(";")}
+        if len(kinds) > 1:
+            raise ValueError("MAGPIE_BROKER_URL: failover URLs (separated by ';') must be all RabbitMQ or all "
+                             "Redis, not both")
+        if self.broker_key_prefix and self.broker_is_amqp:
+            raise ValueError("MAGPIE_BROKER_KEY_PREFIX: only for a Redis broker; on RabbitMQ give each "
+                             "deployment a vhost of its own, the path of MAGPIE_BROKER_URL (amqp://host:5672/<vhost>)")
         return self
+
+    @property
+    def broker_is_amqp(self) -> bool:
+        """True when ``MAGPIE_BROKER_URL`` (its first URL) is RabbitMQ: ``amqp://``, ``amqps://``, ``pyamqp://``."""
+        return self.broker_url.strip().split("://", 1)[0].lower() in AMQP_SCHEMES
 
     @model_validator(mode="after")
     def _lease_fits_checks(self) -> "Settings":

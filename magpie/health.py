@@ -43,7 +43,10 @@ def _probe(fn: Callable[[], str]) -> dict:
         detail = fn()
         ok = True
     except Exception as exc:  # noqa: BLE001 - every failure is a "not ready" with its reason
-        detail = f"{exc.__class__.__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        from magpie.redact import mask_url_passwords
+
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        detail = f"{exc.__class__.__name__}: {mask_url_passwords(text)}"  # a driver may repeat its URL
         ok = False
     return {"ok": ok, "detail": detail, "ms": round((time.monotonic() - t0) * 1000, 1),
             "warn": ok and isinstance(detail, _Warning)}
@@ -180,9 +183,9 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
         def broker_probe() -> str:
             from kombu import Connection
 
-            opts = {}
-            if settings.broker_key_prefix and settings.broker_url.startswith("redis"):
-                opts["global_keyprefix"] = settings.broker_key_prefix
+            from magpie.celery_config import broker_options
+
+            opts = broker_options(settings)["broker_transport_options"]
             with Connection(settings.broker_url, connect_timeout=t, transport_options=opts) as conn:
                 conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=t)
             return f"connected ({settings.broker_url.split('://', 1)[0]})"

@@ -195,6 +195,31 @@ def _serve_metrics(**_kw) -> None:
         log.warning("metrics endpoint not started on %s:%s: %s", s.metrics_host, s.metrics_port, exc)
 
 
+def declare_amqp_queues(app) -> int:
+    """RabbitMQ only: declare every magpie queue (with its exchange and binding) on ``app``'s broker, not only
+    the queues this worker consumes, so that Celery's native delayed delivery, which binds every queue of
+    the app, finds them all even before the other workers started. Returns the count declared (0 for
+    another broker or when the broker does not answer: the worker's own connection retries then)."""
+    if app.connection_for_write().transport.driver_type != "amqp":
+        return 0
+    try:
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=2, interval_start=0.5, interval_step=0.5, timeout=10)
+            channel = conn.default_channel
+            for q in app.amqp.queues.values():
+                q(channel).declare()
+            return len(app.amqp.queues)
+    except Exception as exc:  # noqa: BLE001 - the consumer's own connection retries and reports
+        log.warning("magpie queues not declared before start: %s", exc.__class__.__name__)
+        return 0
+
+
+@signals.worker_init.connect(weak=False)
+def _declare_queues(sender=None, **_kw) -> None:
+    if sender is not None and getattr(sender, "app", None) is not None:
+        declare_amqp_queues(sender.app)
+
+
 # hooks: modules below connect their own Celery signal handlers when imported
 import magpie.enrich.hooks  # noqa: E402,F401  (GeoIP revision announcements)
 import magpie.instance_hooks  # noqa: E402,F401  (instance heartbeats of workers and beat)

@@ -121,3 +121,20 @@ def db(pg_url):
     yield engine
     empty_tables(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def amqp_vhost():
+    """A RabbitMQ vhost of the test's own (``magpie-test-<random>``, ``guest`` granted everything on it),
+    deleted with its queues afterwards: a :class:`magpie.lab.rabbitmq.Vhost` (``.url``, ``.name``).
+    Skips the test when RabbitMQ (127.0.0.1:5672, ``rabbitmqctl``) is not reachable."""
+    from magpie.lab.rabbitmq import RabbitUnavailable, Vhost
+
+    vh = Vhost()
+    try:
+        vh.create()
+    except RabbitUnavailable as exc:
+        vh.delete()
+        pytest.skip(f"RabbitMQ not available: {exc}")
+    yield vh
+    vh.delete()

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import pytest
 
-from magpie.lab.chaos import QUICK_DEFAULT, SCENARIOS, TOTALS, run_scenario
+from magpie.lab.chaos import QUICK_DEFAULT, SCENARIOS, TOTALS, WORKER_KILLS, run_scenario
 
 pytestmark = pytest.mark.e2e
 
 
-def _run(name, pg, quick, tmp_path, full=False):
-    out = run_scenario(name, pg, quick=quick, log_dir=tmp_path, keep_logs=True, full=full)
+def _run(name, pg, quick, tmp_path, full=False, broker="redis"):
+    out = run_scenario(name, pg, quick=quick, log_dir=tmp_path, keep_logs=True, full=full, broker=broker)
     print(out.line())
     assert not out.failures, f"{out.line()}\n" + "\n".join(out.failures) + f"\nlogs in {tmp_path}"
     assert any(k in out.figures for k in TOTALS), out.line()
@@ -53,3 +53,21 @@ def test_short_scenario_outside_the_default_run(name, private_pg, tmp_path):
 def test_kill_loop_long_enough_for_routes_to_meet_several_crashes(private_pg, tmp_path):
     out = _run("kill-loop", private_pg, False, tmp_path, full=True)
     assert out.figures["child_kills"] + out.figures["worker_kills"] == 30
+
+
+@pytest.fixture
+def rabbitmq():
+    """Skips the test when RabbitMQ is not reachable on 127.0.0.1:5672 (each scenario makes its own vhost)."""
+    from magpie.lab.rabbitmq import reachable
+
+    if not reachable():
+        pytest.skip("RabbitMQ not reachable on 127.0.0.1:5672")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", [*WORKER_KILLS, "broker-restart"])
+def test_worker_kill_scenarios_on_rabbitmq(name, private_pg, rabbitmq, tmp_path):
+    """The worker-kill scenarios (and the broker's restart) with RabbitMQ's quorum queues as the broker:
+    messages a killed worker held unacked come back at once, and still no route is lost or duplicated."""
+    _run(name, private_pg, True, tmp_path, broker="amqp")

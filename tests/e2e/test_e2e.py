@@ -21,18 +21,33 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
 
 
-def worker_env(settings, pg_url, redis_prefix, lab, **overrides) -> dict:
+def worker_env(settings, pg_url, redis_prefix, lab, broker_url: str | None = None, **overrides) -> dict:
     """Environment for Celery subprocesses: the test's Redis prefix (schedule and broker keys), database,
-    key and lab judge, plus ``MAGPIE_*`` overrides."""
+    key and lab judge, plus ``MAGPIE_*`` overrides. ``broker_url``: a RabbitMQ vhost of the test's own
+    instead of the test Redis under the prefix."""
     env = dict(os.environ)
     env.update({
         "MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": redis_prefix,
-        "MAGPIE_BROKER_URL": settings.redis_url, "MAGPIE_BROKER_KEY_PREFIX": redis_prefix + "broker:",
+        "MAGPIE_BROKER_URL": broker_url or settings.redis_url,
+        "MAGPIE_BROKER_KEY_PREFIX": "" if broker_url else redis_prefix + "broker:",
         "MAGPIE_DATABASE_URL": pg_url, "PROXY_ENCRYPTION_KEY": settings.encryption_key,
         "MAGPIE_JUDGE_URL": lab.judge_url,
     })
     env.update(overrides)
     return env
+
+
+BROKERS = ["redis", "amqp"]
+"""The e2e tests run on either broker: the test Redis (key prefix) or a RabbitMQ vhost of their own."""
+
+
+@pytest.fixture
+def broker_url(request):
+    """None for the Redis broker, else the URL of a fresh RabbitMQ vhost (``amqp_vhost``; skips without
+    RabbitMQ). Parametrized indirectly with :data:`BROKERS`."""
+    if getattr(request, "param", "redis") == "amqp":
+        return request.getfixturevalue("amqp_vhost").url
+    return None
 
 
 def spawn(args, env, log):
@@ -42,10 +57,13 @@ def spawn(args, env, log):
 stop = stop_group
 
 
-def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path):
+@pytest.mark.parametrize("broker_url", BROKERS, indirect=True)
+def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db, pg_url, redis_prefix, tmp_path,
+                                                                   broker_url):
     lab = start_free_lab(slow_delay=1.0)
     try:
-        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="3", MAGPIE_CHECK_TIMEOUT="4",
+        env = worker_env(settings, pg_url, redis_prefix, lab, broker_url, MAGPIE_CHECK_INTERVAL="3",
+                         MAGPIE_CHECK_TIMEOUT="4",
                          MAGPIE_LEASE_SECONDS="30", MAGPIE_RENEW_BELOW_SECONDS="10")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)
@@ -63,6 +81,9 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
             log.close()
         expected = {(p.route.host, p.route.port): p for p in lab.proxies}
         assert len(rows) == len(expected)
+        if broker_url:  # the messages went through RabbitMQ, with the password masked in the banner
+            text = (tmp_path / "celery.log").read_text(errors="replace")
+            assert "transport:   amqp://guest:**@" in text and "guest:guest" not in text, text[:2000]
         for r in rows:
             p = expected[(r["host"], r["port"])]
             assert r["checks_total"] >= 2, (p.name, r, (tmp_path / "celery.log").read_text()[-3000:])
@@ -77,16 +98,20 @@ def test_worker_and_beat_check_lab_routes_repeatedly_into_postgres(settings, db,
         lab.stop()
 
 
-def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg_url, redis_prefix, tmp_path):
+@pytest.mark.parametrize("broker_url", ["redis", pytest.param("amqp", marks=pytest.mark.slow)], indirect=True)
+def test_routes_of_a_killed_worker_come_back_after_lease_expiry(settings, db, pg_url, redis_prefix, tmp_path,
+                                                                broker_url):
     """SIGKILL a worker while it holds leases: nothing is lost, another worker checks the routes once
-    their leases expire (no sweeper), and the schedule ends with no stranded lease."""
+    their leases expire (no sweeper), and the schedule ends with no stranded lease. On RabbitMQ the
+    messages the victim held unacked are redelivered to the survivor at once (its channel closed)."""
     from datetime import datetime, timezone
 
     from magpie.queue import RouteQueue
 
     lab = start_free_lab(slow_delay=2.0)
     try:
-        env = worker_env(settings, pg_url, redis_prefix, lab, MAGPIE_CHECK_INTERVAL="2", MAGPIE_CHECK_TIMEOUT="3",
+        env = worker_env(settings, pg_url, redis_prefix, lab, broker_url, MAGPIE_CHECK_INTERVAL="2",
+                         MAGPIE_CHECK_TIMEOUT="3",
                          MAGPIE_CHECK_ATTEMPTS="1", MAGPIE_LEASE_SECONDS="5", MAGPIE_RENEW_BELOW_SECONDS="0")
         lst = tmp_path / "lab.txt"
         lab.write_list(lst)

@@ -40,15 +40,19 @@ QUICK_DEFAULT = ("kill-loop", "two-beats", "catch-up-after-downtime")
 """The short suite of the default test run (small sizes)."""
 
 
+WORKER_KILLS = ("kill-loop", "sigstop-past-lease", "poison-route", "mass-crash")
+"""The scenarios that kill or stop check workers (the fault suite runs them on RabbitMQ too)."""
+
+
 def run_scenario(name: str, pg, quick: bool = True, log_dir: Path | None = None,
-                 keep_logs: bool = False, full: bool = False) -> Outcome:
+                 keep_logs: bool = False, full: bool = False, broker: str = "redis") -> Outcome:
     """Run scenario ``name`` on the private PostgreSQL server ``pg`` (``full``: the long forms, see
-    :class:`Ctx`); a scenario that raises is returned as an Outcome with the error as its failure.
-    Raises KeyError for an unknown name."""
+    :class:`Ctx`; ``broker``: ``redis`` or ``amqp``); a scenario that raises is returned as an Outcome
+    with the error as its failure. Raises KeyError for an unknown name."""
     fn = SCENARIOS[name]
     t0 = time.monotonic()
     try:
-        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full))
+        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full, broker))
     except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
         out = Outcome(name, "?", failures=[f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"])
     out.seconds = time.monotonic() - t0
@@ -62,4 +66,4 @@ def summary(outcomes: list[Outcome]) -> str:
     return f"chaos scenarios={len(outcomes)} " + " ".join(f"{k}={v}" for k, v in sums.items())
 
 
-__all__ = ["QUICK_DEFAULT", "SCENARIOS", "TOTALS", "Ctx", "Outcome", "run_scenario", "summary"]
+__all__ = ["QUICK_DEFAULT", "SCENARIOS", "WORKER_KILLS", "TOTALS", "Ctx", "Outcome", "run_scenario", "summary"]

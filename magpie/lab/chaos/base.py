@@ -52,19 +52,21 @@ class Outcome:
 class Ctx:
     """What a scenario gets: the private PostgreSQL server, ``quick`` (small sizes), a log directory
     (None: temporary, removed), ``keep_logs``, ``full`` (the long forms: the kill loop runs until routes
-    meet several crashes)."""
+    meet several crashes), ``broker`` (``redis``: private Redis servers; ``amqp``: a vhost of the scenario's
+    own on the local RabbitMQ)."""
 
     pg: PrivatePostgres
     quick: bool = True
     log_dir: Path | None = None
     keep_logs: bool = False
     full: bool = False
+    broker: str = "redis"
 
 
 @contextmanager
 def stack(ctx: Ctx, name: str, **kw) -> Iterator[Stack]:
     """A started :class:`Stack` (services up, nothing spawned), closed afterwards whatever happens."""
-    st = Stack(name, ctx.pg, log_dir=(ctx.log_dir / name) if ctx.log_dir else None, **kw)
+    st = Stack(name, ctx.pg, log_dir=(ctx.log_dir / name) if ctx.log_dir else None, broker=ctx.broker, **kw)
     try:
         st.start_services()
         yield st

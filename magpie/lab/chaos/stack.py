@@ -1,7 +1,8 @@
 """One magpie deployment for a fault scenario: the Procfile's processes on private servers and a lab.
 
 A :class:`Stack` owns a private Redis for the schedule (and the results stream), a private Redis for the
-broker (or a database of the first one), a database of its own on a :class:`PrivatePostgres`, a judge and
+broker (or a database of the first one; or, with ``broker="amqp"``, a vhost of its own on the local
+RabbitMQ, :class:`magpie.lab.rabbitmq.Vhost`), a database of its own on a :class:`PrivatePostgres`, a judge and
 the lab's fault servers in threads of the calling process, and the Celery processes it spawns by role
 (``promote``, ``checks``, ``jobs``, ``beat``: the Procfile's command lines, each in its own session). The
 harness plays the supervisor: a scenario that kills a whole process starts it again with
@@ -30,6 +31,9 @@ PREFIX = "chaos:"
 WORKSPACE = "chaos"
 LAB_HOST_BASE = "127.0.0.120"
 ROOT = Path(__file__).resolve().parents[3]
+
+BROKERS = ("redis", "amqp")
+"""Brokers a stack runs on."""
 
 ROLES = {
     "promote": ["worker", "-Q", "promote", "--pool=solo"],
@@ -118,13 +122,21 @@ class Stack:
         cadences: maintenance job -> seconds; every other registered job is switched off (0).
         separate_broker: the broker on a private Redis of its own (else database 1 of the schedule's).
         log_dir: where process logs go (a new temporary directory when None).
-    Raises :class:`magpie.lab.chaos.servers.ServerError` when a private server does not start.
+        broker: ``redis`` or ``amqp`` (a RabbitMQ vhost of the stack's own, deleted on close; it is
+            separate from the schedule whatever ``separate_broker`` says).
+    Raises :class:`magpie.lab.chaos.servers.ServerError` when a private server does not start,
+    :class:`magpie.lab.rabbitmq.RabbitUnavailable` when RabbitMQ is not reachable, ValueError for another
+    ``broker``.
     """
 
     def __init__(self, name: str, pg: PrivatePostgres, env: dict[str, str] | None = None,
                  cadences: dict[str, float] | None = None, separate_broker: bool = False,
-                 log_dir: Path | None = None) -> None:
+                 log_dir: Path | None = None, broker: str = "redis") -> None:
+        from magpie.lab.rabbitmq import Vhost
         from magpie.maintenance.registry import JOBS
+
+        if broker not in BROKERS:
+            raise ValueError(f"broker must be one of {', '.join(BROKERS)}, not {broker!r}")
 
         self.name = name
         self.pg = pg
@@ -134,7 +146,9 @@ class Stack:
         self.procs: list[Proc] = []
         self._n = 0
         self.redis_server = PrivateRedis()
-        self.broker_server = PrivateRedis() if separate_broker else None
+        self.broker = broker
+        self.vhost = Vhost() if broker == "amqp" else None
+        self.broker_server = PrivateRedis() if separate_broker and not self.vhost else None
         self.lab = self.judge = None
         self.extra_kinds: dict[str, str] = {}  # listen host -> kind of servers beside the lab (measure.route_kinds)
         cad = {j: 0.0 for j in JOBS}
@@ -143,7 +157,7 @@ class Stack:
         self.env.update(BASE_ENV)
         self.env.update({
             "MAGPIE_REDIS_URL": self.redis_server.url, "MAGPIE_REDIS_PREFIX": PREFIX,
-            "MAGPIE_BROKER_URL": (self.broker_server.url if self.broker_server
+            "MAGPIE_BROKER_URL": (self.vhost.url if self.vhost else self.broker_server.url if self.broker_server
                                   else self.redis_server.url[:-1] + "1"),
             "MAGPIE_DATABASE_URL": pg.url(self.db), "PROXY_ENCRYPTION_KEY": KEY,
             "MAGPIE_MAINTENANCE_CADENCES": ",".join(f"{k}={v:g}" for k, v in cad.items()),
@@ -163,6 +177,8 @@ class Stack:
         self.r = self.redis_server.start()
         if self.broker_server:
             self.broker_server.start()
+        if self.vhost:
+            self.vhost.create()
         self.judge = JudgeThread("127.0.0.1", 0)
         self.env["MAGPIE_JUDGE_URL"] = self.judge.url
         self.lab = start_free_fault_lab(LAB_HOST_BASE, slow_delay=float(self.env.get("CHAOS_SLOW_DELAY", 1.5)),
@@ -172,6 +188,21 @@ class Stack:
         import sqlalchemy as sa
 
         self.engine = sa.create_engine(self.pg.url(self.db), poolclass=sa.pool.NullPool)
+
+    def restart_broker_empty(self, down_s: float = 1.0) -> None:
+        """The broker comes back empty after ``down_s`` seconds: the private Redis broker killed and started
+        again, or the RabbitMQ vhost deleted (its connections closed, its queues and messages gone) and
+        created again. Raises RuntimeError for a broker on the schedule's Redis (nothing to restart)."""
+        if self.vhost:
+            self.vhost.delete()
+            time.sleep(down_s)
+            self.vhost.create()
+        elif self.broker_server:
+            self.broker_server.kill()
+            time.sleep(down_s)
+            self.broker_server.start()
+        else:
+            raise RuntimeError("the broker shares the schedule's Redis: start the stack with separate_broker")
 
     def settings(self):
         """In-process :class:`magpie.config.Settings` equal to the processes' environment."""
@@ -267,7 +298,8 @@ class Stack:
                 p.stop(grace=5)
         for stopper in (getattr(self.lab, "stop", None), getattr(self.judge, "stop", None),
                         self.redis_server.stop,
-                        self.broker_server.stop if self.broker_server else None):
+                        self.broker_server.stop if self.broker_server else None,
+                        self.vhost.delete if self.vhost else None):
             if stopper:
                 with contextlib.suppress(Exception):
                     stopper()

@@ -115,17 +115,16 @@ def pg_outage(ctx: Ctx) -> Outcome:
 
 
 def broker_restart(ctx: Ctx) -> Outcome:
-    """The broker (a private Redis of its own) restarted empty: promote resumes, every route is checked
-    again, and no lease is left behind (messages lost with the broker cost only a lease expiry)."""
+    """The broker (a private Redis of its own, or the stack's RabbitMQ vhost deleted and created again)
+    restarted empty: promote resumes, every route is checked again, and no lease is left behind
+    (messages lost with the broker cost only a lease expiry)."""
     out = Outcome("broker-restart", "kombu-redis-broker-restart")
     n = 40 if ctx.quick else 150
     with stack(ctx, out.name, separate_broker=True) as st:
         st.import_lines(population_lines(st.address("echo"), n))
         start_all(st)
         time.sleep(3)
-        st.broker_server.kill()
-        time.sleep(1)
-        st.broker_server.start()
+        st.restart_broker_empty(1.0)
         t_restart, t0 = m.redis_ms(st.r), time.monotonic()
         before = len(promote_passes(st))
         resumed = wait_until(lambda: any(c > 0 for _, _, c in promote_passes(st)[before:]), 60)
