@@ -52,7 +52,8 @@ def test_short_scenario_outside_the_default_run(name, private_pg, tmp_path):
 @pytest.mark.timeout(900)
 def test_kill_loop_long_enough_for_routes_to_meet_several_crashes(private_pg, tmp_path):
     out = _run("kill-loop", private_pg, False, tmp_path, full=True)
-    assert out.figures["child_kills"] + out.figures["worker_kills"] == 30
+    f = out.figures
+    assert f["child_kills"] + f["worker_kills"] + f["kills_missed"] == 30 and f["kills_missed"] <= 3, f
 
 
 @pytest.fixture

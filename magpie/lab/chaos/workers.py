@@ -46,7 +46,7 @@ def kill_loop(ctx: Ctx) -> Outcome:
         st.import_lines(lines)
         start_all(st)
         time.sleep(3)
-        child = whole = restarts = mid_check = 0
+        child = whole = restarts = mid_check = missed = 0
         t_loop = time.monotonic()
         for i in range(kills):
             if not st.running("checks"):  # killed while starting: Celery exits entirely; the supervisor restarts
@@ -67,8 +67,8 @@ def kill_loop(ctx: Ctx) -> Outcome:
                     os.kill(rng.choice(busy or kids), signal.SIGKILL)
                     child += 1
                     mid_check += bool(busy)
-                except ProcessLookupError:
-                    pass
+                except ProcessLookupError:  # the child ended between the listing and the kill
+                    missed += 1
             time.sleep(gap)
         loop_s = time.monotonic() - t_loop
         last = m.redis_ms(st.r)
@@ -81,7 +81,7 @@ def kill_loop(ctx: Ctx) -> Outcome:
         acc = m.result_accounting(st, interval_ms(st))
         routes = m.route_accounting(st)
         out.figures = {"routes": n, "child_kills": child, "child_kills_mid_check": mid_check,
-                       "worker_kills": whole, "loop_s": round(loop_s, 0),
+                       "worker_kills": whole, "kills_missed": missed, "loop_s": round(loop_s, 0),
                        "supervisor_restarts": restarts,
                        "lost": routes["lost"] + len(missing), "duplicated": acc["duplicated"],
                        "healthy_dead_lettered": routes["healthy_dead_lettered"],
