@@ -466,8 +466,8 @@ class CheckPool:
                         self._handback.append(le)
                     raise
                 if id(le) in again:
-                    log.warning("route %s: its lease was started before by a process that died; it is not "
-                                "started again and comes back when the lease expires", le.member)
+                    log.warning("route %s: not started: its lease was started before by a process that died "
+                                "(it comes back when the lease expires) or is no longer held", le.member)
                     return
             if le.alone:
                 slot_token = await self._take_quarantine_slot(le) if self.isolate is None else None
@@ -478,8 +478,8 @@ class CheckPool:
                     try:
                         if await self._in_side(self.queue.mark_started, [le]):
                             restarted = True  # the mark is the dead process's evidence: it stays
-                            log.warning("quarantined route %s: its lease was started before by a process "
-                                        "that died; it comes back when the lease expires", le.member)
+                            log.warning("quarantined route %s: not started: its lease was started before by "
+                                        "a process that died, or is no longer held", le.member)
                             return
                     except Exception:  # noqa: BLE001 - no mark: no evidence if this lease expires
                         log.warning("could not record the start of quarantined route %s", le.member)

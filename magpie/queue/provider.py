@@ -65,8 +65,9 @@ class ScheduleProvider(Protocol):
         """Claim up to ``count`` due routes in due order; ``max_inflight`` > 0 caps live leases. Nothing
         while paused. Expired leases met on the way are re-claimed (``stalled=True``) or dead-lettered."""
     def mark_started(self, leases: Sequence[Lease]) -> list[Lease]:
-        """Record that ``leases`` started checking (stall evidence if they expire); returns those that
-        already carried their own mark (started before by a process that died: not to start again)."""
+        """Record that ``leases`` started checking (stall evidence if they expire), fenced on each lease;
+        returns those not to start: no longer held, or already carrying their own mark (started before by
+        a process that died)."""
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Withdraw the start mark of each lease that still carries its own (its check ended without a
         completion the schedule took, e.g. a write the store refused): its expiry then counts no stall.

@@ -31,11 +31,13 @@ from magpie.queue.scripts import Scripts
 _MARK = """
 local again = {}
 for i = 1, #ARGV, 2 do
-  local mark = redis.call('HGET', KEYS[1], ARGV[i])
-  if mark and tonumber(mark) == tonumber(ARGV[i + 1]) then
+  local member, token = ARGV[i], tonumber(ARGV[i + 1])
+  local held = tonumber(redis.call('ZSCORE', KEYS[2], member) or '-1')
+  local mark = redis.call('HGET', KEYS[1], member .. '#s')
+  if held ~= token or (mark and tonumber(mark) == token) then
     again[#again + 1] = (i + 1) / 2
   else
-    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    redis.call('HSET', KEYS[1], member .. '#s', ARGV[i + 1])
   end
 end
 return again
@@ -198,18 +200,19 @@ class RouteQueue:
         """Record that ``leases`` started checking (``<member>#s`` -> lease score, one script call).
 
         Only a lease with this mark counts as evidence against its route when it expires (``pop.lua``);
-        a completion, release or retry clears it. Marking a lost lease is harmless: ``pop.lua`` compares
-        the mark with the expired lease's score. Returns the leases that already carried their own mark:
-        a process that died started them before (Celery hands a message whose process died before taking
-        it to another process), so they must not start again; their expiry counts the stall once.
+        a completion, release or retry clears it. The mark is fenced on the lease index: a lease no longer
+        held (expired and claimed again) writes nothing, so a stale holder cannot overwrite the new
+        holder's evidence. Returns the leases not to start: those no longer held, and those that already
+        carried their own mark (a process that died started them before: Celery hands a message whose
+        process died before taking it to another process; their expiry counts the stall once).
         Raises redis errors only.
         """
         if not leases:
             return []
         args: list = []
         for le in leases:
-            args += [f"{le.member}#s", le.lease_score]
-        return [leases[int(i) - 1] for i in self._mark(keys=[self.keys.stalls], args=args)]
+            args += [le.member, le.lease_score]
+        return [leases[int(i) - 1] for i in self._mark(keys=[self.keys.stalls, self.keys.leased], args=args)]
 
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Withdraw the ``<member>#s`` mark of each lease whose mark is still its own lease score.

@@ -248,3 +248,16 @@ def test_a_renewal_leaves_an_unmarked_lease_unmarked(make_queue, clock):
         [le] = expire(q, clock, 1)
         le = q.renew(le)
     assert q.dead_letters() == [] and q.inspect(h)["stalls"] == 2
+
+
+def test_a_stale_holder_cannot_mark_and_does_not_overwrite_the_new_holders_mark(make_queue, clock):
+    """A process that starts a lease after it expired and was claimed again (a slow start on a loaded
+    machine) is told not to start it, and the new holder's evidence stays its own."""
+    q = make_queue(clock=clock, lease_ms=1000, max_stalled=3)
+    [h], [old] = due_batch(q, clock, 1)
+    [new] = expire(q, clock, 1)  # never started: no evidence
+    assert q.inspect(h)["stalls"] == 0
+    assert q.mark_started([new]) == []
+    assert [le.member for le in q.mark_started([old])] == [h]  # not held any more: not to start
+    expire(q, clock, 1)  # the new holder's check died: its own mark counts
+    assert q.inspect(h)["stalls"] == 1

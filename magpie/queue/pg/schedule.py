@@ -266,21 +266,19 @@ class PgSchedule(AdminPlane, SpreadPlane):
         return got
 
     def mark_started(self, leases: Sequence[Lease]) -> list[Lease]:
-        """Record that ``leases`` started checking: ``start_mark`` = the lease token (stall evidence).
-        Marking a lost lease is harmless: a claim compares the mark with the expired lease's token.
-        Returns the leases whose mark was already their own token (started before by a process that
-        died: they must not start again)."""
+        """Record that ``leases`` started checking: ``start_mark`` = the lease token (stall evidence),
+        fenced on the lease token (a lease no longer held marks nothing, so a stale holder cannot overwrite
+        the new holder's evidence). Returns the leases not to start: those no longer held, and those whose
+        mark was already their own token (started before by a process that died)."""
         if not leases:
             return []
         with self.tx(durable=False) as cur:
             vals = values(cur, [(le.member, le.lease_score) for le in leases])
-            cur.execute(f"SELECT r.route, v.tok FROM schedule_routes r, (VALUES {vals}) AS v(route, tok) "
-                        "WHERE r.schedule = %s AND r.route = v.route AND r.start_mark = v.tok", (self.name,))
-            again = set(cur.fetchall())
             cur.execute(f"UPDATE schedule_routes r SET start_mark = v.tok FROM (VALUES {vals}) AS v(route, tok) "
-                        "WHERE r.schedule = %s AND r.route = v.route "
-                        "AND r.start_mark IS DISTINCT FROM v.tok", (self.name,))
-        return [le for le in leases if (le.member, str(le.lease_score)) in again]
+                        "WHERE r.schedule = %s AND r.route = v.route AND r.lease_token = v.tok "
+                        "AND r.start_mark IS DISTINCT FROM v.tok RETURNING r.route, v.tok", (self.name,))
+            marked = set(cur.fetchall())
+        return [le for le in leases if (le.member, str(le.lease_score)) not in marked]
 
     def unmark_started(self, leases: Sequence[Lease]) -> int:
         """Clear ``start_mark`` of each lease whose mark is still its own token (its check ended without a
