@@ -45,6 +45,9 @@ def set_route_interval(queue, member: str, interval_ms: int | None) -> dict:
 def route_cadence(queue, member: str) -> dict:
     """The cadence fields of one route: ``{"interval_ms", "override_ms", "policy", "dead_streak"}``
     (None where unset)."""
+    holder = getattr(queue, "holder", None)
+    if holder is not None:  # the partitioned schedule: the partition holding the route
+        queue = holder(member)
     iv, over, pol, streak = queue.r.hmget(queue.keys.cadence, [member, f"{member}#r", f"{member}#p", f"{member}#d"])
     return {"interval_ms": int(iv) if iv else None, "override_ms": int(over) if over else None,
             "policy": _s(pol) if pol else None, "dead_streak": int(streak) if streak else 0}
@@ -76,10 +79,11 @@ def set_workspace_cadence(queue, workspace_id: int, *, interval_ms: int = 0, dea
     if dead_after < 0 or (dead_after and dead_factor < 2):
         raise ValueError("a dead-route policy needs --dead-after >= 1 and --dead-factor >= 2")
     ws = str(int(workspace_id))
-    if not (interval_ms or dead_after):
-        queue.r.hdel(queue.keys.ws_cadence, ws)
-    else:
-        queue.r.hset(queue.keys.ws_cadence, ws, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
+    for part in getattr(queue, "parts", None) or [queue]:  # every partition's setting before any walk
+        if not (interval_ms or dead_after):
+            part.r.hdel(part.keys.ws_cadence, ws)
+        else:
+            part.r.hset(part.keys.ws_cadence, ws, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
     return walk_workspace(queue, workspace_id, batch=batch, progress=progress)
 
 
@@ -92,6 +96,15 @@ def walk_workspace(queue, workspace_id: int, *, batch: int = 500,
     same setting, and a changed setting starts it over. Returns ``{"routes": affected routes, "moved":
     routes moved into their new interval, "resumed": bool}``.
     """
+    parts = getattr(queue, "parts", None)
+    if parts is not None:  # the partitioned schedule: each partition walks its own routes
+        out = {"routes": 0, "moved": 0, "resumed": False}
+        for part in parts:
+            got = walk_workspace(part, workspace_id, batch=batch, progress=progress)
+            out["routes"] += got["routes"]
+            out["moved"] += got["moved"]
+            out["resumed"] = out["resumed"] or got["resumed"]
+        return out
     ws = str(int(workspace_id))
     r, k = queue.r, queue.keys
     key = queue.side_key(f"cadence_walk:{ws}")

@@ -95,9 +95,15 @@ class RouteQueue:
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
         """Build from a :class:`magpie.config.ScheduleSettings` (or a whole Settings, whose ``schedule``
-        slice is used). Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`)."""
+        slice is used). With ``MAGPIE_SCHEDULE_PARTITIONS`` > 1 this is a
+        :class:`magpie.queue.partitioned.PartitionedSchedule`. Raises :class:`QueueError`
+        ``layout_mismatch`` (see :meth:`check_layout`, and the partition count recorded in Redis)."""
         sched = getattr(settings, "schedule", settings)
         client = client or redis.Redis.from_url(sched.redis_url)
+        from magpie.queue.partitioned import PartitionedSchedule, check_partition_layout
+
+        if int(getattr(sched, "partitions", 1) or 1) > 1 or check_partition_layout(client, sched.prefix, 1):
+            return PartitionedSchedule.from_settings(sched, client)  # N > 1, or a repartition to 1 runs
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,
@@ -176,12 +182,33 @@ class RouteQueue:
         are re-claimed here (``stalled=True``) or dead-lettered past ``max_stalled``. Returns the leases;
         :attr:`last_pop` tells whether the queue was paused and how many routes were dead-lettered.
         """
-        k = self.keys
         before = time.time() * 1000
-        raw = self.scripts.pop(keys=self._core, args=[
-            self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
-            self.max_stalled, repr(self.priority_share), k.shard(0)[:-1], k.shards])
-        after = time.time() * 1000
+        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms))
+        return self.pop_leases(raw, before, time.time() * 1000)
+
+    def pop_leases_now(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
+                       share: float | None = None) -> list[Lease]:
+        """:meth:`pop` with the priority lane's share of this call given (:meth:`pop_args`)."""
+        before = time.time() * 1000
+        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms, share))
+        return self.pop_leases(raw, before, time.time() * 1000)
+
+    def pop_args(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
+                 share: float | None = None) -> list:
+        """ARGV of one ``pop.lua`` call (KEYS are :meth:`core_keys`): for callers that pipeline claims.
+        ``share``: the priority lane's share of this call instead of :attr:`priority_share`."""
+        k = self.keys
+        share = self.priority_share if share is None else share
+        return [self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
+                self.max_stalled, repr(share), k.shard(0)[:-1], k.shards]
+
+    def core_keys(self) -> list[str]:
+        """The eleven schedule keys every script receives first (:meth:`QueueKeys.core`)."""
+        return self._core
+
+    def pop_leases(self, raw, before: float, after: float) -> list[Lease]:
+        """The leases of one ``pop.lua`` reply ``raw`` sent between local times ``before`` and ``after``
+        (Unix ms); sets :attr:`last_pop`."""
         offset = float(_s(raw[0])) - (before + after) / 2
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
         lease_s = _s(raw[4])
@@ -394,13 +421,15 @@ class RouteQueue:
 
     # -- import and time controls --------------------------------------------------------------------
     def schedule(self, items: Iterable[tuple[str, str]], total: int | None = None, start_index: int = 0,
-                 batch: int = 500) -> dict[str, int]:
+                 batch: int = 500, slots: Sequence[int] | None = None) -> dict[str, int]:
         """Add routes to the schedule (``schedule.lua``), first due times spread over the interval.
 
         Args:
             items: ``(route_hash, payload_text)`` pairs; payload text as :meth:`Payload.encode` makes it.
             total: number of routes the spread is computed over (default: ``len(items)``).
             start_index: index of the first item within that spread (for chunked imports).
+            slots: each item's own index within the spread instead (the partitioned schedule's share of a
+                whole import); ``start_index`` is then ignored.
         Route i of ``total`` becomes due at now + i * interval / total. A route already stored keeps its
         due time; only the new payload's workspace ids are merged into the stored one. With
         :attr:`priority_share` > 0 new routes join the priority lane, claimed ahead of the due backlog.
@@ -416,7 +445,8 @@ class RouteQueue:
             chunk = items[off: off + batch]
             args: list = [self._now(), k.payload_prefix, "1" if self.priority_share > 0 else "0"]
             for j, (h, payload) in enumerate(chunk):
-                args += [h, payload, int((start_index + off + j) * step)]
+                slot = slots[off + j] if slots is not None else start_index + off + j
+                args += [h, payload, int(slot * step)]
             self.scripts.schedule(keys=self._core + [k.shard_of(h) for h, _ in chunk], args=args, client=pipe)
         for res in pipe.execute():
             for name, v in zip(("new", "merged", "unchanged"), res):
