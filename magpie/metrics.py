@@ -142,7 +142,9 @@ class MagpieCollector:
         prefix = self.settings.redis_prefix
         yield self._leaders(r, prefix)
         yield from _counter_families(read_counters(r, prefix))
-        yield from _stream_families(r, prefix)
+        from magpie.queue.partitions import settings_stream_pairs
+
+        yield from _stream_families(r, prefix, settings_stream_pairs(self.settings))
         s = self.settings
         if (s.schedule_url or "").startswith("postgresql"):
             from magpie.queue.provider import create_provider
@@ -357,9 +359,10 @@ def _counter_families(c: dict):
     yield limited
 
 
-def _stream_families(r: redis_lib.Redis, prefix: str):
-    """Families of the results stream (backlog, pending, consumers, dead letters, replay floor)."""
-    summary = pending_summary(r, prefix)
+def _stream_families(r: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None):
+    """Families of the results stream (backlog, pending, consumers, dead letters, replay floor), summed over
+    every partition's stream of ``pairs`` when given."""
+    summary = pending_summary(r, prefix, pairs)
     yield GaugeMetricFamily(
         "magpie_statistics_stream_length", "Entries in the results stream", value=summary["length"]
     )
@@ -391,7 +394,7 @@ def _stream_families(r: redis_lib.Redis, prefix: str):
         "Infrastructure failures of the database in a row seen by ingestion (0 once a write succeeds)",
         value=0 if inf is None else inf["failures"],
     )
-    floor = replay_floor(r, prefix)
+    floor = replay_floor(r, prefix, pairs)
     if floor is not None:
         yield GaugeMetricFamily(
             "magpie_statistics_replay_floor_timestamp_seconds",
