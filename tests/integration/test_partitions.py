@@ -103,3 +103,147 @@ def test_partitions_over_a_stored_single_partition_schedule_are_refused(redis_cl
     assert err.value.code is Refusal.LAYOUT_MISMATCH
     assert "repartition --to 4" in str(err.value) and "\n" not in str(err.value)
     assert redis_client.get(f"{settings.redis_prefix}{{default}}:schedule_partitions") is None
+
+
+# -- repartition ---------------------------------------------------------------------------------------
+def _payload(i: int) -> tuple[str, str]:
+    h = f"{i:024x}"
+    return h, Payload(i, Route("http", "127.0.0.1", 2000 + i), h, [1]).encode()
+
+
+class _Loop:
+    """Claim/complete loop in a thread, as a check worker does: claims, holds briefly, completes. Records
+    every completion per route and any claim of a route another holder of the run still holds."""
+
+    def __init__(self, q, held: set, lock, completions: dict, doubled: list):
+        import threading
+
+        self.q, self.held, self.lock, self.completions, self.doubled = q, held, lock, completions, doubled
+        self.stop = threading.Event()
+        self.errors: list = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        import time as _t
+
+        try:
+            while not self.stop.is_set():
+                leases = self.q.pop(20)
+                with self.lock:
+                    for le in leases:
+                        if le.member in self.held:
+                            self.doubled.append(le.member)
+                        self.held.add(le.member)
+                _t.sleep(0.002)
+                with self.lock:
+                    for le in leases:
+                        self.held.discard(le.member)
+                codes = self.q.complete(leases)
+                with self.lock:
+                    for le, c in zip(leases, codes):
+                        if c == 1:
+                            self.completions[le.member] = self.completions.get(le.member, 0) + 1
+                if not leases:
+                    _t.sleep(0.005)
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.errors.append(exc)
+
+
+def test_repartition_1_to_4_while_claims_and_completions_run(redis_client, settings):
+    import threading
+    import time as _t
+
+    from magpie.queue.repartition import Repartitioner
+
+    s1, s4 = _settings(settings, 1), _settings(settings, 4)
+    s1 = s1.model_copy(update={"check_interval": 0.2})
+    s4 = s4.model_copy(update={"check_interval": 0.2})
+    old = create_provider(None, s1, redis_client=redis_client)
+    routes = [_payload(i) for i in range(300)]
+    old.schedule(routes)
+    rep = Repartitioner(redis_client, settings.redis_prefix, s1.queue_shards, 4, batch=40)
+    rep.begin()
+    # a process started with the old count is refused now; one with the new count sees both layouts
+    with pytest.raises(QueueError) as err:
+        create_provider(None, s1, redis_client=redis_client)
+    assert err.value.code is Refusal.LAYOUT_MISMATCH and "\n" not in str(err.value)
+    new = create_provider(None, s4, redis_client=redis_client)
+    assert isinstance(new, PartitionedSchedule) and "default" in new.by_name
+    held, lock, completions, doubled = set(), threading.Lock(), {}, []
+    loops = [_Loop(old, held, lock, completions, doubled),  # a worker of the old layout still running
+             _Loop(new, held, lock, completions, doubled),
+             _Loop(create_provider(None, s4, redis_client=redis_client), held, lock, completions, doubled)]
+    for lp in loops:
+        lp.thread.start()
+    seen: list = []
+    try:
+        _t.sleep(0.3)
+        out = rep.run(lambda st: seen.append(st), wait_s=0.05)
+        before = dict(completions)
+        deadline = _t.monotonic() + 10
+        while _t.monotonic() < deadline:  # every route goes on being checked after the move
+            with lock:
+                if all(completions.get(h, 0) > before.get(h, 0) for h, _ in routes):
+                    break
+            _t.sleep(0.05)
+    finally:
+        for lp in loops:
+            lp.stop.set()
+        for lp in loops:
+            lp.thread.join(5)
+    assert not any(lp.errors for lp in loops), [lp.errors for lp in loops]
+    print("repartition:", {k: out.get(k) for k in ("moved", "leased_skipped", "conflicts", "passes")},
+          "completions", sum(before.values()))
+    assert out["done"] and out["from"] == 1 and out["to"] == 4 and out["moved"] == 300
+    assert out["leased_skipped"] + out["conflicts"] > 0 and sum(before.values()) > 300  # it ran under load
+    assert seen and all("remaining" in st for st in seen)
+    assert doubled == []  # no route was held by two holders at once
+    assert all(completions.get(h, 0) > before.get(h, 0) for h, _ in routes)  # nothing lost
+    assert not redis_client.exists(f"{settings.redis_prefix}{{default}}:repartition")
+    fresh = create_provider(None, s4, redis_client=redis_client)
+    assert "default" not in fresh.by_name and fresh.route_count() == 300
+    for h, p in routes:  # each route once, in its own partition, with its payload
+        assert fresh.partition(h).score(h) is not None and fresh.payload(h) == p
+    assert old.route_count() == 0
+    with pytest.raises(QueueError):
+        create_provider(None, s1, redis_client=redis_client)
+
+
+def test_repartition_resumes_and_settles_a_crash_between_its_steps(redis_client, settings, monkeypatch):
+    from magpie.queue import repartition as rp
+
+    s1 = _settings(settings, 1)
+    old = create_provider(None, s1, redis_client=redis_client)
+    routes = [_payload(i) for i in range(60)]
+    old.schedule(routes)
+    old.enqueue_in(routes[0][0], 0)
+    leased = old.pop(1)[0]  # a live lease: moved only once it ends
+    victim = next(h for h, _ in routes if partition_of(h, 4) != 0 and h != leased.member)
+    rep = rp.Repartitioner(redis_client, settings.redis_prefix, s1.queue_shards, 4, batch=10)
+    real = rep._activate
+    calls = {"n": 0}
+
+    def crash(*a, **kw):  # the process dies between the fenced delete and the activation
+        calls["n"] += 1
+        if kw["args"][0] == victim:
+            raise ConnectionError("killed")
+        return real(*a, **kw)
+
+    rep._activate = crash
+    with pytest.raises(ConnectionError):
+        rep.run(wait_s=0)
+    st = rep.state()
+    assert st["to"] == 4 and st["moved"] >= 0
+    # rerun: the staged route is activated, the walk goes on from its place, the lease holds it back
+    rep2 = rp.Repartitioner(redis_client, settings.redis_prefix, s1.queue_shards, 4, batch=10)
+    out = rep2.run(max_passes=2, wait_s=0)
+    assert not out["done"] and out["leased_skipped"] >= 1
+    q4 = create_provider(None, _settings(settings, 4), redis_client=redis_client)
+    assert q4.score(victim) is not None and q4.partition(victim).score(victim) is not None
+    assert q4.complete([leased]) == [1]  # the lease ends where it was granted
+    out = rep2.run(wait_s=0)
+    assert out["done"]
+    fresh = create_provider(None, _settings(settings, 4), redis_client=redis_client)
+    assert fresh.route_count() == 60 and "default" not in fresh.by_name
+    assert sorted(m for q in fresh.parts for sh in q.keys.all_shards()
+                  for m in (x.decode() for x in redis_client.zrange(sh, 0, -1))) == sorted(h for h, _ in routes)
