@@ -46,7 +46,6 @@ from magpie.leader import STANDING_LOCKS, locks_held
 from magpie.maintenance.interval import interval_families
 from magpie.maintenance.registry import JOBS
 from magpie.maintenance.runner import read_job_status
-from magpie.queue import QueueKeys, RouteQueue
 from magpie.stats.status import pending_summary
 from magpie.stats.upkeep import replay_floor
 
@@ -152,7 +151,9 @@ class MagpieCollector:
             queue = create_provider(s.schedule_url, s, redis_client=r)
         else:
             # Built directly, not by RouteQueue.from_settings: a scrape only reads (no layout check, no write).
-            queue = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
+            from magpie.queue.partitioned import reader
+
+            queue = reader(r, s)
         yield from _queue_families(queue.status())
         yield from interval_families(queue)
         from magpie.judges.metrics import cache_families

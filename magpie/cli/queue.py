@@ -59,7 +59,10 @@ def _per_partition(state: CliState, verb: str, partition: int | None) -> None:
     if partition is None:
         getattr(q, verb)()
     elif hasattr(q, "parts"):
-        getattr(q, verb)(partition)
+        try:
+            getattr(q, verb)(partition)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--partition "), param_hint="--partition") from None
     elif partition == 0:
         getattr(q, verb)()
     else:

@@ -83,6 +83,20 @@ def check_partition_layout(client: redis.Redis, prefix: str, n: int) -> int | No
     return None
 
 
+def reader(client: redis.Redis, settings):
+    """The schedule for reads only (the dashboard, the metrics exporter): no layout check, nothing written.
+    A :class:`RouteQueue` for one partition, else a :class:`PartitionedSchedule` (seeing both layouts while
+    a repartition runs). ``settings``: a :class:`magpie.config.Settings`."""
+    n = int(getattr(settings, "schedule_partitions", 1) or 1)
+    mig = {_s(k): _s(v) for k, v in client.hgetall(repartition_key(settings.redis_prefix)).items()}
+    old = int(mig["from"]) if mig.get("to") and int(mig["to"]) == n else None
+    kw = dict(interval_ms=int(settings.check_interval * 1000), lease_ms=int(settings.lease_seconds * 1000),
+              max_stalled=settings.max_stalled)
+    if n == 1 and not old:
+        return RouteQueue(client, QueueKeys(settings.redis_prefix, settings.queue_shards), **kw)
+    return PartitionedSchedule(client, settings.redis_prefix, settings.queue_shards, n, old_partitions=old, **kw)
+
+
 def tag_of(key: str) -> str | None:
     """The hash tag of a key (``"p3"`` of ``"x{p3}:proxy_queue:1"``), or None."""
     i = key.find("{")

@@ -247,3 +247,48 @@ def test_repartition_resumes_and_settles_a_crash_between_its_steps(redis_client,
     assert fresh.route_count() == 60 and "default" not in fresh.by_name
     assert sorted(m for q in fresh.parts for sh in q.keys.all_shards()
                   for m in (x.decode() for x in redis_client.zrange(sh, 0, -1))) == sorted(h for h, _ in routes)
+
+
+def test_status_shows_every_partition_in_the_cli_and_the_dashboard(db, redis_client, settings, monkeypatch):
+    from click.testing import CliRunner
+    from fastapi.testclient import TestClient
+
+    from magpie.cli import main
+    from magpie.config import get_settings
+    from magpie.web.app import create_app
+    from magpie.web.service import Dashboard
+
+    s4 = _settings(settings, 4)
+    q = create_provider(None, s4, redis_client=redis_client)
+    q.schedule([_payload(i) for i in range(40)])
+    q.pause(2)
+    st = q.status()
+    assert [p["name"] for p in st["partitions"]] == ["p0", "p1", "p2", "p3"]
+    assert sum(p["scheduled"] for p in st["partitions"]) == st["totals"]["scheduled"] == 40
+    assert [p["paused"] for p in st["partitions"]] == [False, False, True, False] and not st["paused"]
+    assert q.pop(40, max_inflight=0) and all(q.partition(le.member) is not q.parts[2] for le in q.pop(40))
+    env = {"MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": settings.redis_prefix,
+           "MAGPIE_DATABASE_URL": settings.database_url, "PROXY_ENCRYPTION_KEY": KEY,
+           "MAGPIE_SCHEDULE_PARTITIONS": "4"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    try:
+        res = CliRunner().invoke(main, ["status", "--json"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        import json
+
+        out = json.loads(res.output)
+        assert len(out["partitions"]) == 4 and out["totals"]["scheduled"] == 40
+        res = CliRunner().invoke(main, ["queue", "resume", "--partition", "2"], catch_exceptions=False)
+        assert res.exit_code == 0 and not q.is_paused(2)
+        res = CliRunner().invoke(main, ["queue", "pause", "--partition", "9"])
+        assert res.exit_code != 0 and "0..3" in res.output
+    finally:
+        get_settings.cache_clear()
+    s = s4.model_copy(update={"web_token": "t" * 32})
+    app = create_app(s, dashboard=Dashboard(s, redis=redis_client, engine=db), sample=False)
+    with TestClient(app, base_url="http://127.0.0.1") as c:
+        body = c.get("/api/status", headers={"Authorization": "Bearer " + "t" * 32}).json()
+    assert [p["partition"] for p in body["partitions"]] == [0, 1, 2, 3]
+    assert body["totals"]["scheduled"] == 40
