@@ -228,7 +228,10 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
                 finally:
                     sched.dispose()
                 return _Warning(detail) if warn else detail
-            if r.exists(keys.heads):
+            from magpie.queue.partitions import partition_names
+
+            names = partition_names(int(getattr(settings, "schedule_partitions", 1) or 1))
+            if r.exists(*[QueueKeys(settings.redis_prefix, settings.queue_shards, n).heads for n in names]):
                 return "heads index present"
             if r.exists(keys.base + "maintenance_marker"):  # built from PostgreSQL, then drained on purpose
                 return "schedule built from PostgreSQL (now empty)"
