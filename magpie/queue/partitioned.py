@@ -380,11 +380,18 @@ class PartitionedSchedule:
         stream refused (the partitions before it in this call did complete: their codes are kept, the
         refused partitions' codes are 0 = not done)."""
         out = Completion(codes=[0] * len(leases), ids=[None] * len(leases))
-        for q, idx in self._grouped(leases):
-            part = q.complete_with_results([leases[i] for i in idx],
-                                           None if results is None else [results[i] for i in idx],
-                                           None if stream is None else self.stream_of(q, stream), interval_ms,
-                                           None if desired is None else [desired[i] for i in idx])
+        if not leases:
+            return Completion()
+        groups = self._grouped(leases)
+        pipe = self.r.pipeline(transaction=False)  # one round trip, one script call per partition
+        for q, idx in groups:
+            keys, args = q.complete_call([leases[i] for i in idx],
+                                         None if results is None else [results[i] for i in idx],
+                                         None if stream is None else self.stream_of(q, stream), interval_ms,
+                                         None if desired is None else [desired[i] for i in idx])
+            q.scripts.complete(keys=keys, args=args, client=pipe)
+        for (q, idx), raw in zip(groups, pipe.execute()):
+            part = q.completion_of([leases[i] for i in idx], raw)
             out.dropped += part.dropped
             out.trimmed += part.trimmed
             if part.full:
@@ -433,12 +440,10 @@ class PartitionedSchedule:
             rows, slots = groups.setdefault(self._where(h).keys.name, ([], []))
             rows.append((h, p))
             slots.append(start_index + j)
-        counts = {"new": 0, "merged": 0, "unchanged": 0}
+        pipe = self.r.pipeline(transaction=False)  # every partition's calls in one round trip
         for name, (rows, slots) in groups.items():
-            got = self.by_name[name].schedule(rows, total=total, batch=batch, slots=slots)
-            for key in counts:
-                counts[key] += got[key]
-        return counts
+            self.by_name[name].schedule_calls(pipe, rows, total=total, batch=batch, slots=slots)
+        return RouteQueue.schedule_counts(pipe.execute())
 
     def enqueue_at(self, member: str, at_ms: int) -> int:
         """:meth:`RouteQueue.enqueue_at` in the route's partition."""

@@ -343,6 +343,13 @@ class RouteQueue:
         """
         if not leases:
             return Completion()
+        keys, args = self.complete_call(leases, results, stream, interval_ms, desired)
+        return self.completion_of(leases, self.scripts.complete(keys=keys, args=args))
+
+    def complete_call(self, leases: Sequence[Lease], results, stream: StreamTarget | None,
+                      interval_ms: int | None = None, desired=None) -> tuple[list, list]:
+        """``(KEYS, ARGV)`` of the ``complete.lua`` call :meth:`complete_with_results` makes (for callers that
+        pipeline completions of several schedules; :meth:`completion_of` reads the reply)."""
         k = self.keys
         args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
                       stream.maxlen if stream else 0, stream.group if stream else "", k.payload_prefix,
@@ -359,7 +366,11 @@ class RouteQueue:
                 for key, v in fields.items():
                     args += [key, v]
         keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
-        raw = self.scripts.complete(keys=keys, args=args)
+        return keys, args
+
+    def completion_of(self, leases: Sequence[Lease], raw) -> Completion:
+        """The :class:`Completion` of ``complete.lua`` reply ``raw`` for ``leases``; fires the cancellation
+        token of each refused lease."""
         n = len(leases)
         out = Completion(dropped=int(raw[0]), trimmed=int(raw[1]), full=bool(int(raw[2])))
         if out.full:
@@ -435,12 +446,19 @@ class RouteQueue:
         :attr:`priority_share` > 0 new routes join the priority lane, claimed ahead of the due backlog.
         Returns ``{"new": n, "merged": n, "unchanged": n}``.
         """
+        pipe = self.r.pipeline(transaction=False)
+        self.schedule_calls(pipe, items, total, start_index, batch, slots)
+        return self.schedule_counts(pipe.execute())
+
+    def schedule_calls(self, pipe, items: Iterable[tuple[str, str]], total: int | None = None,
+                       start_index: int = 0, batch: int = 500, slots: Sequence[int] | None = None) -> int:
+        """Queue the ``schedule.lua`` calls of :meth:`schedule` on pipeline ``pipe``; returns how many (their
+        replies go to :meth:`schedule_counts`)."""
         items = list(items)
         total = total or len(items) or 1
         step = self.interval_ms / total
         k = self.keys
-        counts = {"new": 0, "merged": 0, "unchanged": 0}
-        pipe = self.r.pipeline(transaction=False)
+        calls = 0
         for off in range(0, len(items), batch):
             chunk = items[off: off + batch]
             args: list = [self._now(), k.payload_prefix, "1" if self.priority_share > 0 else "0"]
@@ -448,7 +466,14 @@ class RouteQueue:
                 slot = slots[off + j] if slots is not None else start_index + off + j
                 args += [h, payload, int(slot * step)]
             self.scripts.schedule(keys=self._core + [k.shard_of(h) for h, _ in chunk], args=args, client=pipe)
-        for res in pipe.execute():
+            calls += 1
+        return calls
+
+    @staticmethod
+    def schedule_counts(replies) -> dict[str, int]:
+        """``{"new", "merged", "unchanged"}`` summed over ``schedule.lua`` replies."""
+        counts = {"new": 0, "merged": 0, "unchanged": 0}
+        for res in replies:
             for name, v in zip(("new", "merged", "unchanged"), res):
                 counts[name] += int(v)
         return counts
