@@ -179,6 +179,23 @@ class PartitionedSchedule:
                 return q
         return homes[0]
 
+    def _where_many(self, members: Sequence[str]) -> list[RouteQueue]:
+        """:meth:`_where` of each member, in one round trip while a repartition runs (none otherwise)."""
+        homes = [self._homes(m) for m in members]
+        if all(len(h) == 1 for h in homes):
+            return [h[0] for h in homes]
+        pipe = self.r.pipeline(transaction=False)
+        for m, h in zip(members, homes):
+            for q in h:
+                pipe.zscore(q.keys.shard_of(m), m)
+                pipe.zscore(q.keys.dead, m)
+        res = iter(pipe.execute())
+        out = []
+        for h in homes:
+            found = [q for q in h if any([next(res) is not None, next(res) is not None])]
+            out.append(found[0] if found else h[0])
+        return out
+
     def holder(self, member: str) -> RouteQueue:
         """The partition (a :class:`RouteQueue`) holding ``member`` now; its home partition when stored nowhere."""
         return self._where(member)
@@ -436,8 +453,9 @@ class PartitionedSchedule:
         items = list(items)
         total = total or len(items) or 1
         groups: dict[str, tuple[list[tuple[str, str]], list[int]]] = {}
+        where = self._where_many([h for h, _ in items])
         for j, (h, p) in enumerate(items):
-            rows, slots = groups.setdefault(self._where(h).keys.name, ([], []))
+            rows, slots = groups.setdefault(where[j].keys.name, ([], []))
             rows.append((h, p))
             slots.append(start_index + j)
         pipe = self.r.pipeline(transaction=False)  # every partition's calls in one round trip

@@ -78,10 +78,14 @@ def stream_pairs(prefix: str, n: int, tagged: bool | None = None) -> list[tuple[
     """``[(results stream, dead-letter stream)]`` the ingestion reads for an ``n``-partition schedule.
 
     A tagged layout also lists the untagged pair first (entries written before a repartition from one
-    partition drain from there; reading an empty stream costs one command)."""
+    partition drain from there) and, for N > 1, the ``{default}`` pair (where leases of the old
+    ``{default}`` partition complete while a repartition from one partition runs); reading an empty stream
+    costs one command."""
     tagged = is_tagged(n) if tagged is None else bool(tagged)
-    pairs = [(results_stream_key(prefix, name, tagged), dead_stream_key(prefix, name, tagged))
-             for name in partition_names(n)]
+    names = partition_names(n)
+    if tagged and n > 1:
+        names = [DEFAULT] + names
+    pairs = [(results_stream_key(prefix, name, tagged), dead_stream_key(prefix, name, tagged)) for name in names]
     if tagged:
         pairs.insert(0, (results_stream_key(prefix, DEFAULT, False), dead_stream_key(prefix, DEFAULT, False)))
     return pairs

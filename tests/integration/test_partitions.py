@@ -61,21 +61,21 @@ def test_results_of_every_partition_are_ingested_through_one_group(db, redis_cli
                                    StreamTarget.from_settings(s4))
     assert comp.codes == [1] * 24 and all(comp.ids)
     pairs = settings_stream_pairs(s4)
-    assert len(pairs) == 5  # the untagged stream (drained after a repartition from 1) + one per partition
+    assert len(pairs) == 6  # untagged and {default} (drained after a repartition from 1) + one per partition
     lengths = [redis_client.xlen(key) for key, _ in pairs]
-    assert lengths[0] == 0 and sum(lengths) == 24 and sum(1 for n in lengths[1:] if n) >= 3
+    assert lengths[:2] == [0, 0] and sum(lengths) == 24 and sum(1 for n in lengths[2:] if n) >= 3
     for le in leases:  # each result sits in its route's partition's stream
-        assert redis_client.xlen(pairs[1 + partition_of(le.member, 4)][0]) >= 1
+        assert redis_client.xlen(pairs[2 + partition_of(le.member, 4)][0]) >= 1
     # one id in two streams: the ledger keeps them apart (ids are unique per stream only)
     a, b = stored[0], stored[1]
     same = f"{q.server_time_ms() + 60_000}-7"
-    redis_client.xadd(pairs[1][0], _result(a, T0 + 5), id=same)
-    redis_client.xadd(pairs[2][0], _result(b, T0 + 5), id=same)
+    redis_client.xadd(pairs[2][0], _result(a, T0 + 5), id=same)
+    redis_client.xadd(pairs[3][0], _result(b, T0 + 5), id=same)
     assert ingest_backlog(redis_client, db, s4) == 26
     assert len(set(_history(db))) == 26
     summary = pending_summary(redis_client, s4.redis_prefix, pairs)
     assert summary["length"] == 26 and summary["pending"] == 0 and summary["lag"] == 0
-    assert len(summary["streams"]) == 5 and all(st["group"] for st in summary["streams"])
+    assert len(summary["streams"]) == 6 and all(st["group"] for st in summary["streams"])
     for key, _ in pairs:
         assert any(g["name"].decode() == GROUP for g in redis_client.xinfo_groups(key))
     assert replay_floor(redis_client, s4.redis_prefix, pairs) is not None
@@ -238,9 +238,13 @@ def test_repartition_resumes_and_settles_a_crash_between_its_steps(redis_client,
     rep2 = rp.Repartitioner(redis_client, settings.redis_prefix, s1.queue_shards, 4, batch=10)
     out = rep2.run(max_passes=2, wait_s=0)
     assert not out["done"] and out["leased_skipped"] >= 1
-    q4 = create_provider(None, _settings(settings, 4), redis_client=redis_client)
+    s4 = _settings(settings, 4)
+    q4 = create_provider(None, s4, redis_client=redis_client)
     assert q4.score(victim) is not None and q4.partition(victim).score(victim) is not None
-    assert q4.complete([leased]) == [1]  # the lease ends where it was granted
+    # the lease ends where it was granted, and its result goes to a stream the ingestion reads
+    comp = q4.complete_with_results([leased], [{"alive": "1", "route_id": "1"}], StreamTarget.from_settings(s4))
+    assert comp.codes == [1]
+    assert sum(redis_client.xlen(key) for key, _ in settings_stream_pairs(s4)) == 1
     out = rep2.run(wait_s=0)
     assert out["done"]
     fresh = create_provider(None, _settings(settings, 4), redis_client=redis_client)

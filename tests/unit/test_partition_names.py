@@ -42,8 +42,11 @@ def test_stream_keys_keep_todays_names_untagged_and_take_the_tag_otherwise():
     assert results_stream_key("m:", "default", True) == "m:{default}:stats:results"  # a cluster forces it
     assert stream_pairs("m:", 1) == [("m:stats:results", "m:stats:dead")]
     pairs = stream_pairs("m:", 2)
-    assert pairs[0] == ("m:stats:results", "m:stats:dead") and pairs[2] == ("m:{p1}:stats:results",
+    assert pairs[0] == ("m:stats:results", "m:stats:dead") and pairs[3] == ("m:{p1}:stats:results",
                                                                           "m:{p1}:stats:dead")
+    assert pairs[1][0] == "m:{default}:stats:results"  # old-partition leases completed during a repartition
+    assert stream_pairs("m:", 1, tagged=True) == [("m:stats:results", "m:stats:dead"),
+                                                  ("m:{default}:stats:results", "m:{default}:stats:dead")]
     assert tag_of("m:{p12}:proxy_queue:3") == "p12" and tag_of("m:stats:results") is None
 
 
