@@ -97,6 +97,30 @@ def reader(client: redis.Redis, settings):
     return PartitionedSchedule(client, settings.redis_prefix, settings.queue_shards, n, old_partitions=old, **kw)
 
 
+def run_scripts(client: redis.Redis, calls: list[tuple[object, list, list]]) -> list:
+    """Run ``calls`` (``(redis-py Script, KEYS, ARGV)``) in one pipelined round trip by ``EVALSHA``.
+
+    One call runs as the script object does. Several skip redis-py's per-pipeline ``SCRIPT EXISTS`` round
+    trip: a call answered ``NOSCRIPT`` (Redis restarted or flushed its script cache) did not run, so its
+    script is loaded and that call alone is sent again. Returns the replies in order; raises the first
+    other error (after every reply is in: the calls that ran are not repeated)."""
+    if len(calls) == 1:
+        script, keys, args = calls[0]
+        return [script(keys=keys, args=args)]
+    pipe = client.pipeline(transaction=False)
+    for script, keys, args in calls:
+        pipe.evalsha(script.sha, len(keys), *keys, *args)
+    replies = pipe.execute(raise_on_error=False)
+    again = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
+    for i in again:
+        script, keys, args = calls[i]
+        replies[i] = script(keys=keys, args=args)  # loads it, then runs it
+    for r in replies:
+        if isinstance(r, Exception):
+            raise r
+    return replies
+
+
 def tag_of(key: str) -> str | None:
     """The hash tag of a key (``"p3"`` of ``"x{p3}:proxy_queue:1"``), or None."""
     i = key.find("{")
@@ -295,12 +319,11 @@ class PartitionedSchedule:
         asked = [(q, n) for q, n in zip(order, share) if n > 0]
         full, paused = [], []
         lanes = self._lanes(count, [n for _, n in asked])
-        pipe = self.r.pipeline(transaction=False)
-        for (q, n), lane in zip(asked, lanes):
-            cap = live.get(q.keys.name, 0) + n if live else 0
-            q.scripts.pop(keys=q.core_keys(), args=q.pop_args(n, cap, lease_ms, lane), client=pipe)
+        calls = [(q.scripts.pop, q.core_keys(), q.pop_args(n, live.get(q.keys.name, 0) + n if live else 0,
+                                                           lease_ms, lane))
+                 for (q, n), lane in zip(asked, lanes)]
         before = time.time() * 1000
-        replies = pipe.execute()
+        replies = run_scripts(self.r, calls)
         after = time.time() * 1000
         for (q, n), raw in zip(asked, replies):
             leases = q.pop_leases(raw, before, after)
@@ -400,14 +423,14 @@ class PartitionedSchedule:
         if not leases:
             return Completion()
         groups = self._grouped(leases)
-        pipe = self.r.pipeline(transaction=False)  # one round trip, one script call per partition
+        calls = []  # one round trip, one script call per partition
         for q, idx in groups:
             keys, args = q.complete_call([leases[i] for i in idx],
                                          None if results is None else [results[i] for i in idx],
                                          None if stream is None else self.stream_of(q, stream), interval_ms,
                                          None if desired is None else [desired[i] for i in idx])
-            q.scripts.complete(keys=keys, args=args, client=pipe)
-        for (q, idx), raw in zip(groups, pipe.execute()):
+            calls.append((q.scripts.complete, keys, args))
+        for (q, idx), raw in zip(groups, run_scripts(self.r, calls)):
             part = q.completion_of([leases[i] for i in idx], raw)
             out.dropped += part.dropped
             out.trimmed += part.trimmed

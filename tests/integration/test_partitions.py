@@ -296,3 +296,23 @@ def test_status_shows_every_partition_in_the_cli_and_the_dashboard(db, redis_cli
         body = c.get("/api/status", headers={"Authorization": "Bearer " + "t" * 32}).json()
     assert [p["partition"] for p in body["partitions"]] == [0, 1, 2, 3]
     assert body["totals"]["scheduled"] == 40
+
+
+def test_pipelined_claims_and_completions_survive_a_flushed_script_cache(tmp_path):
+    from private_redis import PrivateRedis
+
+    server = PrivateRedis(tmp_path)
+    r = server.start()
+    try:
+        q = PartitionedSchedule(r, "flush:", 4, 4, interval_ms=60_000)
+        q.schedule([_payload(i) for i in range(20)])
+        for i in range(20):
+            q.enqueue_in(f"{i:024x}", 0)
+        r.script_flush()  # a private server: as after a Redis restart
+        leases = q.pop(8)
+        assert len(leases) == 8 and len({le.member for le in leases}) == 8
+        r.script_flush()
+        assert q.complete(leases) == [1] * 8
+        assert len(q.pop(20)) == 12  # nothing claimed twice by the retried calls
+    finally:
+        server.stop()
