@@ -407,7 +407,8 @@ class PartitionedSchedule:
         """``stream`` re-aimed at partition ``q``'s results stream (same group, bound and policy) when it is
         the deployment's results stream; a stream of the caller's own choosing is kept as it is (shared by
         every partition: single-slot on a cluster only for the deployment's streams)."""
-        if stream.key != results_stream_key(self._prefix, DEFAULT, False):
+        if stream.key not in (results_stream_key(self._prefix, DEFAULT, False),
+                              results_stream_key(self._prefix, DEFAULT, True)):
             return stream
         return StreamTarget(results_stream_key(self._prefix, q.keys.name, self.tagged), stream.group,
                             stream.maxlen, stream.policy)
