@@ -316,3 +316,27 @@ def test_pipelined_claims_and_completions_survive_a_flushed_script_cache(tmp_pat
         assert len(q.pop(20)) == 12  # nothing claimed twice by the retried calls
     finally:
         server.stop()
+
+
+def test_a_full_partition_stream_refuses_only_that_partitions_completions(redis_client, settings):
+    s4 = _settings(settings, 4)
+    q = create_provider(None, s4, redis_client=redis_client)
+    routes = [_payload(i) for i in range(40)]
+    q.schedule(routes)
+    for h, _ in routes:
+        q.enqueue_in(h, 0)
+    leases = q.pop(40)
+    target = StreamTarget.from_settings(s4)
+    full_stream = q.stream_of(q.parts[0], target).key
+    redis_client.xgroup_create(full_stream, target.group, id="$", mkstream=True)
+    for _ in range(30):  # unconsumed entries fill partition 0's stream
+        redis_client.xadd(full_stream, {"x": "1"})
+    tight = StreamTarget(target.key, target.group, 30, "refuse")
+    comp = q.complete_with_results(leases, [{"alive": "1"} for _ in leases], tight)
+    mine = [q._of_lease(le) is q.parts[0] for le in leases]
+    assert comp.full and any(mine) and not all(mine)
+    assert [c == 0 for c in comp.codes] == mine  # the full partition changed nothing, the others completed
+    rest = [le for le, m in zip(leases, mine) if m]
+    again = q.complete_with_results(rest, [{"alive": "1"} for _ in rest], StreamTarget(target.key, target.group, 30,
+                                                                                       "drop_new"))
+    assert again.codes == [1] * len(rest) and again.dropped == len(rest)
