@@ -35,52 +35,11 @@ from magpie.queue.keys import QueueKeys
 from magpie.queue.lease import Lease
 from magpie.queue.lease import text as _s
 from magpie.queue.partitions import (
-    DEFAULT, is_tagged, layout_key, partition_names, partition_of, repartition_key, results_stream_key,
+    DEFAULT, check_partition_layout, is_tagged, layout_key, partition_names, partition_of, repartition_key,
+    results_stream_key,
 )
 from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, QueueError
 from magpie.queue.routequeue import RouteQueue
-
-
-def check_partition_layout(client: redis.Redis, prefix: str, n: int) -> int | None:
-    """Check ``MAGPIE_SCHEDULE_PARTITIONS=n`` against the partition count recorded in Redis.
-
-    The record (:func:`~magpie.queue.partitions.layout_key`) is written on the first use of a partitioned
-    layout (an absent record means one partition: today's schedule, which writes nothing new). Returns the
-    old partition count while a repartition to ``n`` is running (claims then see both layouts), else None.
-    Raises :class:`QueueError` ``layout_mismatch`` with a one-line detail when ``n`` differs from the record,
-    when a repartition to another count runs, or when ``n`` > 1 meets a stored one-partition schedule.
-    """
-    have, mig = client.get(layout_key(prefix)), client.hgetall(repartition_key(prefix))
-    mig = {_s(k): _s(v) for k, v in mig.items()}
-    if mig.get("to"):
-        if int(mig["to"]) != n:
-            raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
-                f"a repartition from {mig['from']} to {mig['to']} partitions is running, "
-                f"MAGPIE_SCHEDULE_PARTITIONS={n}; set {mig['to']}"))
-        return int(mig["from"])
-    if have is None:
-        if n == 1:
-            return None
-        old = QueueKeys(prefix, 1, DEFAULT)
-        if client.exists(old.layout):  # a one-partition schedule was used here
-            shards = int(_s(client.get(old.layout)) or 1)
-            keys = QueueKeys(prefix, shards, DEFAULT)
-            pipe = client.pipeline(transaction=False)
-            for sh in keys.all_shards():
-                pipe.exists(sh)
-            pipe.exists(keys.dead)
-            if any(pipe.execute()):
-                raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
-                    f"schedule has 1 partition, MAGPIE_SCHEDULE_PARTITIONS={n}; keep 1, or run "
-                    f"`magpie queue repartition --to {n}`"))
-        client.set(layout_key(prefix), str(n), nx=True)
-        have = client.get(layout_key(prefix))
-    have_n = int(_s(have))
-    if have_n != n:
-        raise QueueError(Refusal.LAYOUT_MISMATCH, detail=(
-            f"schedule has {have_n} partitions, MAGPIE_SCHEDULE_PARTITIONS={n}; keep {have_n}, or run "
-            f"`magpie queue repartition --to {n}`"))
-    return None
 
 
 def reader(client: redis.Redis, settings):

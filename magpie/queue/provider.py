@@ -179,7 +179,9 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
     """The schedule provider for ``url``.
 
     Args:
-        url: ``redis://``, ``rediss://``, ``unix://`` -> :class:`~magpie.queue.RouteQueue`;
+        url: ``redis://``, ``rediss://``, ``unix://`` -> :class:`~magpie.queue.RouteQueue`, or with
+            ``MAGPIE_SCHEDULE_PARTITIONS`` > 1 (or a repartition under way) a
+            :class:`~magpie.queue.partitioned.PartitionedSchedule`;
             ``postgresql://`` or ``postgresql+psycopg2://`` -> :class:`~magpie.queue.pg.PgSchedule`.
             None or empty: the settings' ``schedule_url``, else their Redis URL.
         settings: a :class:`magpie.config.Settings` (or its ``schedule`` slice): prefix, shards, interval,
@@ -196,7 +198,12 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
 
         from magpie.queue.routequeue import RouteQueue
 
+        from magpie.queue.partitioned import PartitionedSchedule
+        from magpie.queue.partitions import check_partition_layout
+
         client = redis_client if redis_client is not None and url == sched.redis_url else redis.Redis.from_url(url)
+        if int(getattr(sched, "partitions", 1) or 1) > 1 or check_partition_layout(client, sched.prefix, 1):
+            return PartitionedSchedule.from_settings(sched, client)  # N > 1, or a repartition to 1 runs
         return RouteQueue.from_settings(sched, client)
     if scheme in POSTGRES_SCHEMES:
         from magpie.queue.pg import PgSchedule

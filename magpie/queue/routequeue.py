@@ -95,15 +95,18 @@ class RouteQueue:
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
         """Build from a :class:`magpie.config.ScheduleSettings` (or a whole Settings, whose ``schedule``
-        slice is used). With ``MAGPIE_SCHEDULE_PARTITIONS`` > 1 this is a
-        :class:`magpie.queue.partitioned.PartitionedSchedule`. Raises :class:`QueueError`
-        ``layout_mismatch`` (see :meth:`check_layout`, and the partition count recorded in Redis)."""
+        slice is used): one partition. Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`,
+        and the partition count recorded in Redis); ``ValueError`` when the schedule is partitioned
+        (``MAGPIE_SCHEDULE_PARTITIONS`` > 1, or a repartition under way): :func:`create_provider` builds
+        that one (a :class:`magpie.queue.partitioned.PartitionedSchedule`)."""
         sched = getattr(settings, "schedule", settings)
         client = client or redis.Redis.from_url(sched.redis_url)
-        from magpie.queue.partitioned import PartitionedSchedule, check_partition_layout
+        from magpie.queue.partitions import check_partition_layout
 
-        if int(getattr(sched, "partitions", 1) or 1) > 1 or check_partition_layout(client, sched.prefix, 1):
-            return PartitionedSchedule.from_settings(sched, client)  # N > 1, or a repartition to 1 runs
+        n = int(getattr(sched, "partitions", 1) or 1)
+        if n > 1 or check_partition_layout(client, sched.prefix, 1):  # N > 1, or a repartition to 1 runs
+            raise ValueError("a partitioned schedule (MAGPIE_SCHEDULE_PARTITIONS > 1, or a repartition under "
+                             "way) is built by magpie.queue.provider.create_provider")
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,

@@ -87,11 +87,15 @@ def test_a_process_with_another_partition_count_is_refused(redis_client, setting
     create_provider(None, s4, redis_client=redis_client)
     for n in (1, 2):
         with pytest.raises(QueueError) as err:
-            RouteQueue.from_settings(_settings(settings, n), redis_client)
+            create_provider(None, _settings(settings, n), redis_client=redis_client)
         assert err.value.code is Refusal.LAYOUT_MISMATCH
         text = str(err.value)
         assert "4 partitions" in text and f"MAGPIE_SCHEDULE_PARTITIONS={n}" in text and "\n" not in text
     assert isinstance(create_provider(None, s4, redis_client=redis_client), PartitionedSchedule)
+    with pytest.raises(QueueError):  # RouteQueue.from_settings builds one partition only: refused here too
+        RouteQueue.from_settings(_settings(settings, 1), redis_client)
+    with pytest.raises(ValueError, match="create_provider"):
+        RouteQueue.from_settings(s4, redis_client)
 
 
 def test_partitions_over_a_stored_single_partition_schedule_are_refused(redis_client, settings):
