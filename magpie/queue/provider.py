@@ -88,7 +88,9 @@ class ScheduleProvider(Protocol):
         """Complete and record each completed lease's result (stream entry fields) iff it completed, under
         the stream's bound and overflow policy, in one atomic step. ``desired[i]``: the holder's ownership
         change for lease ``i`` (only its delta is applied to the payload as stored now; with no owner left
-        the route is removed, code ``REMOVED``, and records no result)."""
+        the route is removed, code ``REMOVED``, and records no result). The partitioned Redis schedule is
+        atomic per partition: ``full`` may come with the codes of the partitions that completed filled in
+        (0 for the refused leases), and the caller retries only those."""
     def complete_one(self, lease: Lease) -> None:
         """Complete one lease; raises the refusal."""
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
