@@ -344,3 +344,41 @@ def test_a_full_partition_stream_refuses_only_that_partitions_completions(redis_
     again = q.complete_with_results(rest, [{"alive": "1"} for _ in rest], StreamTarget(target.key, target.group, 30,
                                                                                        "drop_new"))
     assert again.codes == [1] * len(rest) and again.dropped == len(rest)
+
+
+def test_repartition_command_reports_progress_and_a_rerun_finds_nothing_to_do(redis_client, settings, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    from magpie.cli import main
+    from magpie.config import get_settings
+
+    one = create_provider(None, _settings(settings, 1), redis_client=redis_client)
+    one.schedule([_payload(i) for i in range(30)])
+    env = {"MAGPIE_REDIS_URL": settings.redis_url, "MAGPIE_REDIS_PREFIX": settings.redis_prefix,
+           "MAGPIE_DATABASE_URL": settings.database_url, "PROXY_ENCRYPTION_KEY": KEY}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    try:
+        res = CliRunner().invoke(main, ["queue", "repartition", "--to", "3", "--batch", "7"], catch_exceptions=False)
+        assert res.exit_code == 0, res.output
+        assert "pass 1: partition" in res.output and "moved 30" in res.output
+        assert "MAGPIE_SCHEDULE_PARTITIONS=3" in res.output
+        res = CliRunner().invoke(main, ["queue", "repartition", "--to", "3", "--json"], catch_exceptions=False)
+        out = json.loads(res.output)
+        assert out["ok"] and out["result"]["done"] and out["result"]["moved"] == 0
+    finally:
+        get_settings.cache_clear()
+    q3 = create_provider(None, _settings(settings, 3), redis_client=redis_client)
+    assert q3.route_count() == 30 and [p["scheduled"] > 0 for p in q3.status()["partitions"]] == [True] * 3
+    # and back to one partition: today's keys again
+    from magpie.queue.repartition import repartition
+
+    out = repartition(redis_client, settings.redis_prefix, settings.queue_shards, 1, wait_s=0)
+    assert out["done"] and out["from"] == 3 and out["moved"] == 30
+    back = create_provider(None, _settings(settings, 1), redis_client=redis_client)
+    assert type(back) is RouteQueue and back.route_count() == 30
+    with pytest.raises(QueueError):
+        create_provider(None, _settings(settings, 3), redis_client=redis_client)
