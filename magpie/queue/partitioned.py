@@ -38,7 +38,7 @@ from magpie.queue.partitions import (
     DEFAULT, check_partition_layout, is_tagged, layout_key, partition_names, partition_of, repartition_key,
     results_stream_key,
 )
-from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, QueueError
+from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, QueueError, is_refusal
 from magpie.queue.routequeue import RouteQueue
 
 
@@ -56,14 +56,15 @@ def reader(client: redis.Redis, settings):
     return PartitionedSchedule(client, settings.redis_prefix, settings.queue_shards, n, old_partitions=old, **kw)
 
 
-def run_scripts(client: redis.Redis, calls: list[tuple[object, list, list]]) -> list:
+def run_scripts(client: redis.Redis, calls: list[tuple[object, list, list]], raise_errors: bool = True) -> list:
     """Run ``calls`` (``(redis-py Script, KEYS, ARGV)``) in one pipelined round trip by ``EVALSHA``.
 
     One call runs as the script object does. Several skip redis-py's per-pipeline ``SCRIPT EXISTS`` round
     trip: a call answered ``NOSCRIPT`` (Redis restarted or flushed its script cache) did not run, so its
     script is loaded and that call alone is sent again. Returns the replies in order; raises the first
-    other error (after every reply is in: the calls that ran are not repeated)."""
-    if len(calls) == 1:
+    other error (after every reply is in: the calls that ran are not repeated), or with ``raise_errors``
+    False returns it in its place."""
+    if len(calls) == 1 and raise_errors:
         script, keys, args = calls[0]
         return [script(keys=keys, args=args)]
     pipe = client.pipeline(transaction=False)
@@ -73,9 +74,12 @@ def run_scripts(client: redis.Redis, calls: list[tuple[object, list, list]]) -> 
     again = [i for i, r in enumerate(replies) if isinstance(r, redis.exceptions.NoScriptError)]
     for i in again:
         script, keys, args = calls[i]
-        replies[i] = script(keys=keys, args=args)  # loads it, then runs it
+        try:
+            replies[i] = script(keys=keys, args=args)  # loads it, then runs it
+        except redis.exceptions.RedisError as exc:
+            replies[i] = exc
     for r in replies:
-        if isinstance(r, Exception):
+        if isinstance(r, Exception) and raise_errors:
             raise r
     return replies
 
@@ -351,8 +355,24 @@ class PartitionedSchedule:
         return self._of_lease(lease).renew(lease, lease_ms)
 
     def renew_many(self, leases: Sequence[Lease], lease_ms: int | None = None) -> list[int]:
-        """:meth:`RouteQueue.renew_many` grouped by partition; one code per lease in order."""
-        return self._each_code(leases, lambda q, ls: q.renew_many(ls, lease_ms))
+        """:meth:`RouteQueue.renew_many` over every partition in one round trip (one ``renew.lua`` per lease);
+        one code per lease in order (1, ``LEASE_LOST``, ``GONE``); refused leases get their token fired."""
+        if not leases:
+            return []
+        calls = []
+        for le in leases:
+            q = self._of_lease(le)
+            calls.append((q.scripts.renew, q.core_keys() + [le.shard],
+                          [q._now(), le.member, le.lease_score, int(lease_ms or q.lease_ms)]))
+        out = []
+        for le, res in zip(leases, run_scripts(self.r, calls, raise_errors=False)):
+            if isinstance(res, Exception) or is_refusal(res):
+                le.cancel()
+                out.append(LEASE_LOST if isinstance(res, Exception) else res)
+            else:
+                le.lease_score = _s(res)
+                out.append(COMPLETED)
+        return out
 
     def release(self, leases: Sequence[Lease]) -> list[int]:
         """:meth:`RouteQueue.release` grouped by partition; one code per lease in order."""

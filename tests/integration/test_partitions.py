@@ -382,3 +382,23 @@ def test_repartition_command_reports_progress_and_a_rerun_finds_nothing_to_do(re
     assert type(back) is RouteQueue and back.route_count() == 30
     with pytest.raises(QueueError):
         create_provider(None, _settings(settings, 3), redis_client=redis_client)
+
+
+def test_renewals_over_every_partition_keep_the_callers_order(redis_client, settings):
+    import dataclasses
+
+    from magpie.queue import LEASE_LOST
+
+    q = create_provider(None, _settings(settings, 4), redis_client=redis_client)
+    routes = [_payload(i) for i in range(12)]
+    q.schedule(routes)
+    for h, _ in routes:
+        q.enqueue_in(h, 0)
+    leases = q.pop(12)
+    assert len({q._of_lease(le).keys.name for le in leases}) > 1
+    stale = dataclasses.replace(leases[3], lease_score="1.50", _token=None)
+    before = [le.lease_score for le in leases]
+    codes = q.renew_many([*leases[:5], stale, *leases[5:]], lease_ms=3_600_000)
+    assert codes == [1] * 5 + [LEASE_LOST] + [1] * 7 and stale.cancelled
+    assert all(float(le.lease_score) > float(b) for le, b in zip(leases, before))
+    assert q.complete(leases) == [1] * 12  # the renewed tokens are the live ones
