@@ -303,7 +303,6 @@ class Repartitioner:
         news = partition_names(self.to)
         units = self.shards + 1  # the shards, then the dead set
         while st["passes"] < max_passes:
-            retry = False
             while st["src"] < len(olds):
                 if should_stop():
                     return {**self.state(), "done": False}
@@ -358,9 +357,9 @@ class Repartitioner:
         return {**final, "done": True, "remaining": 0}
 
     def remaining(self, olds: list[str], news: list[str]) -> int:
-        """Routes still in an old partition they do not belong to (counted over the old partitions that are
-        not also new ones, plus, for the shared ones, a full count is skipped: their routes are checked by
-        the walk itself)."""
+        """Routes (and dead letters) still in the old partitions that are not also new ones. A partition of
+        both layouts (4 -> 8 keeps ``p0``..``p3``) is not counted: its leftovers are the routes a pass
+        skipped, which the pass records (``retry``)."""
         n = 0
         pipe = self.r.pipeline(transaction=False)
         gone = [name for name in olds if name not in news]
