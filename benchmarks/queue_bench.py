@@ -5,6 +5,12 @@ encryption (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``) off and on, all measured in one
     .venv/bin/python benchmarks/queue_bench.py [--routes 1000000] [--seconds 5] [--batch 64] [--procs 2]
         [--encrypt]
     .venv/bin/python benchmarks/queue_bench.py --backend postgresql [--routes 100000] [--sustain 60]
+    .venv/bin/python benchmarks/queue_bench.py --partitions 4 [--routes 200000] [--seconds 5]
+
+``--partitions N`` compares the partitioned schedule (``MAGPIE_SCHEDULE_PARTITIONS=N``) with one partition on
+the same Redis in the same run: the same routes imported into each, then claim+complete cycles (routes/s, one
+route and ``--batch`` routes per call, one process and ``--procs`` processes), each N-partition figure with its
+ratio to the one-partition figure (best of ``--rounds`` alternating rounds of each, default 3).
 
 ``--backend postgresql`` runs the same workload (import, claim+complete one route and ``--batch`` routes per
 call, ``--procs`` processes) on Redis and on the PostgreSQL schedule in a private database created for the
@@ -61,14 +67,23 @@ def decode_cost(n: int = 20_000, rounds: int = 5) -> tuple[float, float, int]:
     return best(plain, None), best(sealed, cipher), len(sealed[12345 % n])
 
 
-def queue(prefix: str) -> RouteQueue:
+PARTITIONS = 1
+"""Partitions of the schedule :func:`queue` builds (``--partitions``; set per run of :func:`cycles_ours`)."""
+
+
+def queue(prefix: str, partitions: int | None = None):
     # interval 1 ms: every completed route is due again at once, so the supply never runs out
+    n = PARTITIONS if partitions is None else partitions
+    if n > 1:
+        from magpie.queue.partitioned import PartitionedSchedule
+
+        return PartitionedSchedule(redis.Redis.from_url(URL), prefix, SHARDS, n, interval_ms=1, lease_ms=300_000)
     return RouteQueue(redis.Redis.from_url(URL), QueueKeys(prefix, SHARDS), interval_ms=1, lease_ms=300_000)
 
 
-def cycles_ours(prefix: str, batch: int, seconds: float, out=None) -> float:
+def cycles_ours(prefix: str, batch: int, seconds: float, out=None, partitions: int | None = None) -> float:
     """Claim+complete cycles (routes/s) through pop.lua + complete.lua, ``batch`` routes per call."""
-    q = queue(prefix)
+    q = queue(prefix, partitions)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         leases = q.pop(batch)
@@ -107,9 +122,9 @@ def cycles_ceiling(prefix: str, batch: int, seconds: float, out=None) -> float:
     return rate
 
 
-def parallel(fn, prefix: str, batch: int, seconds: float, procs: int) -> float:
+def parallel(fn, prefix: str, batch: int, seconds: float, procs: int, *extra) -> float:
     out = mp.Queue()
-    ps = [mp.Process(target=fn, args=(prefix, batch, seconds, out)) for _ in range(procs)]
+    ps = [mp.Process(target=fn, args=(prefix, batch, seconds, out, *extra)) for _ in range(procs)]
     for p in ps:
         p.start()
     rates = [out.get() for _ in ps]
@@ -130,7 +145,13 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--encrypt", action="store_true", help="import payloads with sealed credentials")
+    ap.add_argument("--partitions", type=int, default=1,
+                    help="compare N partitions with one partition (claim+complete routes/s, same run)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="with --partitions: alternating rounds per figure, the best of each side kept")
     a = ap.parse_args()
+    if a.partitions > 1:
+        return compare_partitions(a)
     cipher = get_keyring("bench-key-0123456789abcdef").queue if a.encrypt else None
 
     def item(i: int) -> tuple[str, str]:
@@ -187,6 +208,49 @@ def main() -> int:
         keys = list(r.scan_iter(match=f"*{prefix}*", count=10_000))
         for i in range(0, len(keys), 10_000):
             r.delete(*keys[i: i + 10_000])
+    return 0
+
+
+def compare_partitions(a) -> int:
+    """``--partitions N``: the same routes in a one-partition and an N-partition schedule, claim+complete
+    routes/s of each, and the N/1 ratio of each figure."""
+    from magpie.queue.partitions import partition_names
+
+    partition_names(a.partitions)  # range check: 1..1024
+    prefixes = {1: f"magpie-bench:{uuid.uuid4().hex[:8]}:", a.partitions: f"magpie-bench:{uuid.uuid4().hex[:8]}:"}
+    r = redis.Redis.from_url(URL)
+    print(f"routes={a.routes} shards={SHARDS} partitions=1 vs {a.partitions} batch={a.batch} "
+          f"seconds_per_figure={a.seconds} procs={a.procs} (one Redis)")
+    try:
+        for n, prefix in prefixes.items():
+            q = queue(prefix, n)
+            t0 = time.perf_counter()
+            for off in range(0, a.routes, 10_000):
+                q.schedule((payload_for(i) for i in range(off, min(off + 10_000, a.routes))), total=a.routes,
+                           start_index=off, batch=500)
+            print(f"import, {n} partition(s): {a.routes / (time.perf_counter() - t0):,.0f} routes/s")
+        time.sleep(0.01)
+        rows = []
+        for label, fn in (("1 route per call, one process", lambda p, n: cycles_ours(p, 1, a.seconds, None, n)),
+                          (f"{a.batch} routes per call, one process",
+                           lambda p, n: cycles_ours(p, a.batch, a.seconds, None, n)),
+                          (f"{a.batch} routes per call, {a.procs} processes",
+                           lambda p, n: parallel(cycles_ours, p, a.batch, a.seconds, a.procs, n))):
+            ones, manys = [], []
+            for _ in range(a.rounds):  # alternate, best of each: a shared machine's load swings a lot
+                ones.append(fn(prefixes[1], 1))
+                manys.append(fn(prefixes[a.partitions], a.partitions))
+            one, many = max(ones), max(manys)
+            rows.append((label, one, many))
+            print(f"claim+complete, {label}: 1 partition {one:,.0f} routes/s, {a.partitions} partitions "
+                  f"{many:,.0f} routes/s, ratio {many / one:.2f} (best of {a.rounds} alternating rounds)")
+        print("summary " + " ".join(f"ratio_{i}={many / one:.2f}" for i, (_, one, many) in enumerate(rows))
+              + f" partitions={a.partitions} routes_per_s_1={rows[1][1]:.0f} routes_per_s_n={rows[1][2]:.0f}")
+    finally:
+        for prefix in prefixes.values():
+            keys = list(r.scan_iter(match=f"*{prefix}*", count=10_000))
+            for i in range(0, len(keys), 10_000):
+                r.delete(*keys[i: i + 10_000])
     return 0
 
 

@@ -622,14 +622,27 @@ class CheckPool:
             return self.queue.complete_with_results(leases, results, self.stream, desired=desired)
         deadline = time.monotonic() + self.block_timeout
         waiting = dataclasses.replace(self.stream, policy="refuse")
+        out = Completion(codes=[0] * len(leases), ids=[None] * len(leases))
+        todo = list(range(len(leases)))  # a partitioned schedule refuses per partition: the rest completes
+
+        def pick(xs):
+            return None if xs is None else [xs[i] for i in todo]
+
         while True:
-            comp = self.queue.complete_with_results(leases, results, waiting, desired=desired)
-            if not comp.full:
-                return comp
-            if time.monotonic() >= deadline:
-                return self.queue.complete_with_results(leases, results,
-                                                        dataclasses.replace(self.stream, policy="drop_new"),
-                                                        desired=desired)
+            policy = waiting if time.monotonic() < deadline else dataclasses.replace(self.stream, policy="drop_new")
+            comp = self.queue.complete_with_results(pick(leases), pick(results), policy, desired=pick(desired))
+            out.dropped += comp.dropped
+            out.trimmed += comp.trimmed
+            left = []
+            for j, i in enumerate(todo):
+                code = comp.codes[j] if j < len(comp.codes) else 0
+                if code:
+                    out.codes[i], out.ids[i] = code, comp.ids[j]
+                else:
+                    left.append(i)
+            todo = left
+            if not comp.full or not todo:
+                return out
             time.sleep(0.05)
 
     def _complete_done(self, chunk: list, desired: list[str | None] | None, report: BatchReport,

@@ -87,6 +87,7 @@ class ScheduleSettings:
     dead_after: int = 0
     dead_factor: int = 1
     priority_share: float = 0.0
+    partitions: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,10 @@ class Settings(BaseSettings):
     queue_shards: int = Field(16, alias="PROXY_QUEUE_SHARDS", ge=1, le=128)
     """Shards (sorted sets) of the schedule; fixed once the schedule exists (a different value is refused as
     ``layout_mismatch``; obliterate or rebuild to change it)."""
+    schedule_partitions: int = Field(1, alias="MAGPIE_SCHEDULE_PARTITIONS", ge=1, le=1024)
+    """Partitions of the Redis schedule (1..1024), each under its own hash tag (``{p0}``..; 1 keeps the one
+    tag ``{default}``) so a schedule can spread over Redis Cluster masters. Fixed once the schedule exists
+    (a different value is refused as ``layout_mismatch``); ``magpie queue repartition --to N`` changes it."""
     encrypt_queue_credentials: bool = Field(False, alias="PROXY_QUEUE_ENCRYPT_CREDENTIALS")
     """Seal route credentials in new and changed Redis queue payloads (AES-SIV, key derived from
     ``PROXY_ENCRYPTION_KEY``); readers take sealed and plaintext payloads either way. Payloads already
@@ -753,7 +758,7 @@ class Settings(BaseSettings):
             self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
             int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
             self.pop_batch, self.routes_per_task, self.dead_backoff_after, self.dead_backoff_factor,
-            self.priority_share)
+            self.priority_share, self.schedule_partitions)
 
     @property
     def checks(self) -> CheckSettings:

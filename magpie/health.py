@@ -77,13 +77,13 @@ class _Warning(str):
     """A probe's detail that is a warning: the check is ok, but an operator should look."""
 
 
-def stats_probe(r: redis_lib.Redis, prefix: str) -> str:
+def stats_probe(r: redis_lib.Redis, prefix: str, pairs=None) -> str:
     """The ``stats`` probe's detail; a :class:`_Warning` while dead letters wait.
 
     Raises ``RuntimeError`` while ingestion backs off because the database refuses writes."""
     from magpie.stats.status import pending_summary
 
-    s = pending_summary(r, prefix)
+    s = pending_summary(r, prefix, pairs)  # every partition's stream when ``pairs`` lists them
     inf = s["infra"]
     if inf is not None:
         raise RuntimeError(
@@ -137,8 +137,8 @@ def redis_write_probe(r: redis_lib.Redis, prefix: str) -> str:
     return "PING ok, writes ok"
 
 
-def _stats_check(r: redis_lib.Redis, prefix: str) -> dict:
-    return _probe(lambda: stats_probe(r, prefix))
+def _stats_check(r: redis_lib.Redis, prefix: str, pairs=None) -> dict:
+    return _probe(lambda: stats_probe(r, prefix, pairs))
 
 
 def check_health(settings, *, timeout: float | None = None) -> dict:
@@ -231,7 +231,10 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
                 finally:
                     sched.dispose()
                 return _Warning(detail) if warn else detail
-            if r.exists(keys.heads):
+            from magpie.queue.partitions import partition_names
+
+            names = partition_names(int(getattr(settings, "schedule_partitions", 1) or 1))
+            if r.exists(*[QueueKeys(settings.redis_prefix, settings.queue_shards, n).heads for n in names]):
                 return "heads index present"
             if r.exists(keys.base + "maintenance_marker"):  # built from PostgreSQL, then drained on purpose
                 return "schedule built from PostgreSQL (now empty)"
@@ -280,7 +283,9 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
         if checks["redis"]["ok"]:
             checks["scripts"] = _probe(scripts_probe)
             checks["engines"] = _probe(engines_probe)
-            checks["stats"] = _stats_check(r, settings.redis_prefix)
+            from magpie.queue.partitions import settings_stream_pairs
+
+            checks["stats"] = _stats_check(r, settings.redis_prefix, settings_stream_pairs(settings))
             checks["instances"] = _probe(lambda: instances_probe(r, settings.redis_prefix))
         if checks["redis"]["ok"] and checks["postgres"]["ok"]:
             checks["queue"] = _probe(queue_probe)

@@ -46,7 +46,6 @@ from magpie.leader import STANDING_LOCKS, locks_held
 from magpie.maintenance.interval import interval_families
 from magpie.maintenance.registry import JOBS
 from magpie.maintenance.runner import read_job_status
-from magpie.queue import QueueKeys, RouteQueue
 from magpie.stats.status import pending_summary
 from magpie.stats.upkeep import replay_floor
 
@@ -142,7 +141,9 @@ class MagpieCollector:
         prefix = self.settings.redis_prefix
         yield self._leaders(r, prefix)
         yield from _counter_families(read_counters(r, prefix))
-        yield from _stream_families(r, prefix)
+        from magpie.queue.partitions import settings_stream_pairs
+
+        yield from _stream_families(r, prefix, settings_stream_pairs(self.settings))
         s = self.settings
         if (s.schedule_url or "").startswith("postgresql"):
             from magpie.queue.provider import create_provider
@@ -150,7 +151,9 @@ class MagpieCollector:
             queue = create_provider(s.schedule_url, s, redis_client=r)
         else:
             # Built directly, not by RouteQueue.from_settings: a scrape only reads (no layout check, no write).
-            queue = RouteQueue(r, QueueKeys(prefix, s.queue_shards), interval_ms=int(s.check_interval * 1000))
+            from magpie.queue.partitioned import reader
+
+            queue = reader(r, s)
         yield from _queue_families(queue.status())
         yield from interval_families(queue)
         from magpie.judges.metrics import cache_families
@@ -357,9 +360,10 @@ def _counter_families(c: dict):
     yield limited
 
 
-def _stream_families(r: redis_lib.Redis, prefix: str):
-    """Families of the results stream (backlog, pending, consumers, dead letters, replay floor)."""
-    summary = pending_summary(r, prefix)
+def _stream_families(r: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None):
+    """Families of the results stream (backlog, pending, consumers, dead letters, replay floor), summed over
+    every partition's stream of ``pairs`` when given."""
+    summary = pending_summary(r, prefix, pairs)
     yield GaugeMetricFamily(
         "magpie_statistics_stream_length", "Entries in the results stream", value=summary["length"]
     )
@@ -391,7 +395,7 @@ def _stream_families(r: redis_lib.Redis, prefix: str):
         "Infrastructure failures of the database in a row seen by ingestion (0 once a write succeeds)",
         value=0 if inf is None else inf["failures"],
     )
-    floor = replay_floor(r, prefix)
+    floor = replay_floor(r, prefix, pairs)
     if floor is not None:
         yield GaugeMetricFamily(
             "magpie_statistics_replay_floor_timestamp_seconds",

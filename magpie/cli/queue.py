@@ -50,22 +50,93 @@ def queue() -> None:
     """
 
 
+_partition = click.option("--partition", type=click.IntRange(min=0), default=None, metavar="K",
+                          help="Only partition number K (MAGPIE_SCHEDULE_PARTITIONS > 1; default: all).")
+
+
+def _per_partition(state: CliState, verb: str, partition: int | None) -> None:
+    q = state.queue
+    if partition is None:
+        getattr(q, verb)()
+    elif hasattr(q, "parts"):
+        try:
+            getattr(q, verb)(partition)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc).removeprefix("--partition "), param_hint="--partition") from None
+    elif partition == 0:
+        getattr(q, verb)()
+    else:
+        raise click.BadParameter(f"the schedule has one partition (0), got {partition}", param_hint="--partition")
+
+
 @queue.command("pause")
+@_partition
 @json_option
 @pass_state
-def queue_pause(state: CliState, as_json: bool) -> None:
-    """Stop all claiming (checked inside pop: nothing is claimed once this returns)."""
-    state.queue.pause()
-    _emit(as_json, "paused")
+def queue_pause(state: CliState, partition: int | None, as_json: bool) -> None:
+    """Stop all claiming (checked inside pop: nothing is claimed once this returns), or only partition K's."""
+    _per_partition(state, "pause", partition)
+    _emit(as_json, "paused" if partition is None else f"paused partition {partition}")
 
 
 @queue.command("resume")
+@_partition
 @json_option
 @pass_state
-def queue_resume(state: CliState, as_json: bool) -> None:
-    """Resume claiming."""
-    state.queue.resume()
-    _emit(as_json, "resumed")
+def queue_resume(state: CliState, partition: int | None, as_json: bool) -> None:
+    """Resume claiming (everywhere, or only in partition K)."""
+    _per_partition(state, "resume", partition)
+    _emit(as_json, "resumed" if partition is None else f"resumed partition {partition}")
+
+
+@queue.command("repartition")
+@click.option("--to", "to", required=True, type=click.IntRange(1, 1024), metavar="N",
+              help="The new partition count (then run every process with MAGPIE_SCHEDULE_PARTITIONS=N).")
+@click.option("--batch", default=500, show_default=True, type=click.IntRange(1, 10_000),
+              help="Routes per ZSCAN step (progress is recorded after each).")
+@click.option("--max-passes", default=1000, show_default=True, type=click.IntRange(1, 1_000_000),
+              help="Passes at most (a pass revisits routes that were under a live lease).")
+@json_option
+@pass_state
+def queue_repartition(state: CliState, to: int, batch: int, max_passes: int, as_json: bool) -> None:
+    """Move every route to its partition among N (resumable: rerun it to continue; fenced: a route under a
+    live lease moves after its lease ends). Processes of the old count are refused from the start; restart
+    them with MAGPIE_SCHEDULE_PARTITIONS=N (they claim from both layouts until the run ends).
+
+    \b
+    Example:
+      magpie queue repartition --to 4 --json
+    """
+    import sys
+
+    from magpie.queue.repartition import Repartitioner
+
+    s = state.settings
+    rep = Repartitioner(state.redis, s.redis_prefix, s.queue_shards, to, batch=batch)
+    live = not as_json and sys.stderr.isatty()
+
+    def progress(st: dict) -> None:
+        line = (f"pass {st.get('passes', 0) + 1}: partition {st.get('src', 0)} shard {st.get('shard', 0)}  "
+                f"moved {st.get('moved', 0)}  leased {st.get('leased_skipped', 0)}  "
+                f"remaining {st.get('remaining', 0)}")
+        if as_json:
+            return
+        click.echo(("\r" + line) if live else line, err=True, nl=not live)
+
+    try:
+        out = rep.run(progress, max_passes=max_passes)
+    finally:
+        if live:
+            click.echo("", err=True)
+    result = {k: out.get(k) for k in ("done", "from", "to", "moved", "leased_skipped", "conflicts", "passes")}
+    if as_json:
+        _emit(True, result)
+        return
+    if out.get("done"):
+        click.echo(f"repartitioned to {to} partitions: moved {out.get('moved', 0)} routes"
+                   f" in {out.get('passes', 0) + 1} pass(es); set MAGPIE_SCHEDULE_PARTITIONS={to}")
+    else:
+        click.echo(f"repartition to {to} not finished (moved {out.get('moved', 0)}): run it again", err=True)
 
 
 @queue.command("drain")

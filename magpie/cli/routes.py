@@ -116,7 +116,8 @@ def _fmt_ms(ms) -> str:
 @json_option
 @pass_state
 def status(state: CliState, as_json: bool) -> None:
-    """Per-shard schedule state: scheduled, leased, due now, next due, oldest lateness (s)."""
+    """Per-shard schedule state: scheduled, leased, due now, next due, oldest lateness (s); per partition
+    with MAGPIE_SCHEDULE_PARTITIONS > 1 (``--json``: ``partitions`` beside ``shards`` and ``totals``)."""
     from rich.table import Table
 
     st = state.queue.status()
@@ -126,8 +127,14 @@ def status(state: CliState, as_json: bool) -> None:
     t = Table(title="route schedule")
     for col in ("shard", "scheduled", "leased", "expired leases", "due now", "next due (UTC)", "lateness s"):
         t.add_column(col, justify="right" if col != "shard" else "left")
-    for s in st["shards"]:
-        t.add_row(s["shard"].rsplit(":", 1)[-1], *_counts(s))
+    parts = st.get("partitions")
+    if parts:  # a partitioned schedule: one row per partition (its shards summed), then the totals
+        t.columns[0].header = "partition"
+        for p in parts:
+            t.add_row(f"{p['partition']} {{{p['name']}}}" + (" paused" if p["paused"] else ""), *_counts(p))
+    else:
+        for s in st["shards"]:
+            t.add_row(s["shard"].rsplit(":", 1)[-1], *_counts(s))
     t.add_row("all", *_counts(st["totals"]), style="bold")
     print_table(t)
 

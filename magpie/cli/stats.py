@@ -22,15 +22,20 @@ def stats() -> None:
 @pass_state
 def stats_status(state: CliState, as_json: bool) -> None:
     """Results stream backlog, pending and dead letters, and whether the database refuses writes."""
+    from magpie.queue.partitions import settings_stream_pairs
     from magpie.stats.status import pending_summary
 
-    s = pending_summary(state.redis, state.settings.redis_prefix)
+    s = pending_summary(state.redis, state.settings.redis_prefix, settings_stream_pairs(state.settings))
     if as_json:
         echo_json(s)
         return
     lag = "?" if s["lag"] is None else s["lag"]
     click.echo(f"stream={s['length']} undelivered={lag} pending={s['pending']} consumers={s['consumers']} "
                f"dead_letters={s['dead']}")
+    for one in s.get("streams", []):  # a partitioned schedule: each partition's stream
+        one_lag = "?" if one["lag"] is None else one["lag"]
+        click.echo(f"  {one['stream']}: stream={one['length']} undelivered={one_lag} "
+                   f"pending={one['pending']} dead_letters={one['dead']}")
     inf = s["infra"]
     if inf is not None:
         click.echo(f"ingestion backing off: {inf['failures']} infrastructure failure(s) in a row, "
@@ -53,8 +58,10 @@ def stats_redrive(state: CliState, limit: int | None, discard_unrecoverable: boo
     most once. One that fails again is dead-lettered again with its new reason."""
     from magpie.stats.redrive import redrive
 
+    from magpie.queue.partitions import settings_stream_pairs
+
     rep = redrive(state.redis, state.settings.redis_prefix, limit=limit,
-                  discard_unrecoverable=discard_unrecoverable)
+                  discard_unrecoverable=discard_unrecoverable, pairs=settings_stream_pairs(state.settings))
     if as_json:
         echo_json(rep.as_json())
         return

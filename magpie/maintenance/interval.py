@@ -66,7 +66,7 @@ def read_interval_state(queue) -> dict:
         placed = int(st.get("placed", 0))
         running = {
             "target_ms": int(st["target_ms"]), "from_ms": int(st["from_ms"]) if st.get("from_ms") else None,
-            "shard": int(st.get("shard", 0)), "shards": queue.shards, "placed": placed, "total": total,
+            "shard": int(st.get("shard", 0)), "shards": getattr(queue, "respread_units", queue.shards), "placed": placed, "total": total,
             "moved": int(st.get("moved", 0)), "leased": int(st.get("held", 0)),
             "started_ms": int(st.get("started_ms", 0)),
             "percent": round(100.0 * min(placed, total) / total, 1) if total else 100.0,
@@ -141,7 +141,7 @@ def advance(queue, token: str, *, batch: int, should_stop: Callable[[], bool] = 
         if st.get("run") != token:
             return {"complete": False, "superseded": True, "batches": batches}
         shard = int(st["shard"])
-        if shard >= queue.shards:
+        if shard >= getattr(queue, "respread_units", queue.shards):  # partitions x shards when partitioned
             _finish(queue, token)
             return {"complete": True, "superseded": False, "batches": batches}
         if should_stop():

@@ -18,8 +18,11 @@ class StatsLedgerJob(Job):
     description = "retire ledger rows below the replay floor; trim consumed entries; drop idle consumers"
 
     def run(self, ctx: JobContext) -> dict:
+        from magpie.queue.partitions import settings_stream_pairs
+
         s = ctx.settings
-        floor = upkeep.replay_floor(ctx.redis, s.redis_prefix)
+        pairs = settings_stream_pairs(s)  # every partition's results stream
+        floor = upkeep.replay_floor(ctx.redis, s.redis_prefix, pairs)
         out: dict = {"floor": None, "retired": 0, "complete": True}
         if floor is not None:
             out["floor"] = floor.stream_id
@@ -36,9 +39,9 @@ class StatsLedgerJob(Job):
             ctx.tick(r["batches"])
             out["retired"] = r["deleted"]
             out["complete"] = r["complete"]
-        out["trimmed"] = upkeep.trim_consumed(ctx.redis, s.redis_prefix)
+        out["trimmed"] = upkeep.trim_consumed(ctx.redis, s.redis_prefix, pairs)
         out["consumers_removed"] = upkeep.cleanup_consumers(
-            ctx.redis, s.redis_prefix, int(s.stats_consumer_idle * 1000)
+            ctx.redis, s.redis_prefix, int(s.stats_consumer_idle * 1000), pairs
         )
         return out
 

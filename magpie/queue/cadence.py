@@ -51,13 +51,17 @@ def set_route_interval(queue, member: str, interval_ms: int | None) -> dict:
 def route_cadence(queue, member: str) -> dict:
     """The cadence fields of one route: ``{"interval_ms", "override_ms", "policy", "dead_streak"}``
     (None where unset)."""
+    holder = getattr(queue, "holder", None)
+    if holder is not None:  # the partitioned schedule: the partition holding the route
+        queue = holder(member)
     iv, over, pol, streak = queue.r.hmget(queue.keys.cadence, [member, f"{member}#r", f"{member}#p", f"{member}#d"])
     return {"interval_ms": int(iv) if iv else None, "override_ms": int(over) if over else None,
             "policy": _s(pol) if pol else None, "dead_streak": int(streak) if streak else 0}
 
 
 def _read(queue, field: str) -> dict | None:
-    raw = queue.r.hget(queue.keys.ws_cadence, field)
+    first = (getattr(queue, "parts", None) or [queue])[0]  # every partition holds the same copy
+    raw = first.r.hget(first.keys.ws_cadence, field)
     if raw is None:
         return None
     iv, after, factor = (int(x) for x in _s(raw).split(":"))
@@ -83,10 +87,11 @@ def _validate(interval_ms: int, dead_after: int, dead_factor: int) -> None:
 
 
 def _store(queue, field: str, interval_ms: int, dead_after: int, dead_factor: int) -> None:
-    if not (interval_ms or dead_after):
-        queue.r.hdel(queue.keys.ws_cadence, field)
-    else:
-        queue.r.hset(queue.keys.ws_cadence, field, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
+    for part in getattr(queue, "parts", None) or [queue]:  # every partition's setting before any walk
+        if not (interval_ms or dead_after):
+            part.r.hdel(part.keys.ws_cadence, field)
+        else:
+            part.r.hset(part.keys.ws_cadence, field, f"{int(interval_ms)}:{int(dead_after)}:{int(dead_factor)}")
 
 
 def set_workspace_cadence(queue, workspace_id: int, *, interval_ms: int = 0, dead_after: int = 0,
@@ -128,9 +133,10 @@ def restore_profile_cadences(queue, cadences: dict[int, dict]) -> int:
     routes back, and ``schedule.lua`` gives every route it adds its cadence. Returns the profiles written."""
     if not cadences:
         return 0
-    queue.r.hset(queue.keys.ws_cadence, mapping={
-        f"p:{int(w)}": f"{int(c['interval_ms'])}:{int(c['dead_after'])}:{int(c['dead_factor'])}"
-        for w, c in cadences.items()})
+    mapping = {f"p:{int(w)}": f"{int(c['interval_ms'])}:{int(c['dead_after'])}:{int(c['dead_factor'])}"
+               for w, c in cadences.items()}
+    for part in getattr(queue, "parts", None) or [queue]:  # each partition's scripts read their own copy
+        part.r.hset(part.keys.ws_cadence, mapping=mapping)
     return len(cadences)
 
 
@@ -143,6 +149,15 @@ def walk_workspace(queue, workspace_id: int, *, batch: int = 500,
     same setting, and a changed setting starts it over. Returns ``{"routes": affected routes, "moved":
     routes moved into their new interval, "resumed": bool}``.
     """
+    parts = getattr(queue, "parts", None)
+    if parts is not None:  # the partitioned schedule: each partition walks its own routes
+        out = {"routes": 0, "moved": 0, "resumed": False}
+        for part in parts:
+            got = walk_workspace(part, workspace_id, batch=batch, progress=progress)
+            out["routes"] += got["routes"]
+            out["moved"] += got["moved"]
+            out["resumed"] = out["resumed"] or got["resumed"]
+        return out
     ws = str(int(workspace_id))
     r, k = queue.r, queue.keys
     key = queue.side_key(f"cadence_walk:{ws}")

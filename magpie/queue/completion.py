@@ -33,10 +33,14 @@ class StreamTarget:
         """The deployment's results stream: ``<prefix>stats:results``, the stats consumer group, the bound
         ``MAGPIE_STATS_STREAM_MAXLEN`` and the policy ``MAGPIE_STATS_OVERFLOW``. The one place the
         stream's bound is read; ``settings`` is a :class:`magpie.config.Settings`."""
-        from magpie.stats.keys import GROUP, stream_key
+        from magpie.queue.partitions import DEFAULT, results_stream_key
+        from magpie.stats.keys import GROUP
 
         st = settings.stream
-        return cls(stream_key(st.prefix), GROUP, st.maxlen, st.overflow)
+        # a Redis Cluster deployment (a ``redis_cluster`` setting) keeps the stream in the schedule's slot;
+        # a partitioned schedule re-aims this target at each partition's own stream
+        tagged = bool(getattr(settings, "redis_cluster", False))
+        return cls(results_stream_key(st.prefix, DEFAULT, tagged), GROUP, st.maxlen, st.overflow)
 
 
 @dataclass(slots=True)

@@ -89,7 +89,9 @@ class ScheduleProvider(Protocol):
         """Complete and record each completed lease's result (stream entry fields) iff it completed, under
         the stream's bound and overflow policy, in one atomic step. ``desired[i]``: the holder's ownership
         change for lease ``i`` (only its delta is applied to the payload as stored now; with no owner left
-        the route is removed, code ``REMOVED``, and records no result)."""
+        the route is removed, code ``REMOVED``, and records no result). The partitioned Redis schedule is
+        atomic per partition: ``full`` may come with the codes of the partitions that completed filled in
+        (0 for the refused leases), and the caller retries only those."""
     def complete_one(self, lease: Lease) -> None:
         """Complete one lease; raises the refusal."""
     def complete_with_payload(self, lease: Lease, desired_payload: str, interval_ms: int | None = None) -> str:
@@ -180,7 +182,9 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
     """The schedule provider for ``url``.
 
     Args:
-        url: ``redis://``, ``rediss://``, ``unix://`` -> :class:`~magpie.queue.RouteQueue`;
+        url: ``redis://``, ``rediss://``, ``unix://`` -> :class:`~magpie.queue.RouteQueue`, or with
+            ``MAGPIE_SCHEDULE_PARTITIONS`` > 1 (or a repartition under way) a
+            :class:`~magpie.queue.partitioned.PartitionedSchedule`;
             ``postgresql://`` or ``postgresql+psycopg2://`` -> :class:`~magpie.queue.pg.PgSchedule`.
             None or empty: the settings' ``schedule_url``, else their Redis URL.
         settings: a :class:`magpie.config.Settings` (or its ``schedule`` slice): prefix, shards, interval,
@@ -197,7 +201,12 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
 
         from magpie.queue.routequeue import RouteQueue
 
+        from magpie.queue.partitioned import PartitionedSchedule
+        from magpie.queue.partitions import check_partition_layout
+
         client = redis_client if redis_client is not None and url == sched.redis_url else redis.Redis.from_url(url)
+        if int(getattr(sched, "partitions", 1) or 1) > 1 or check_partition_layout(client, sched.prefix, 1):
+            return PartitionedSchedule.from_settings(sched, client)  # N > 1, or a repartition to 1 runs
         return RouteQueue.from_settings(sched, client)
     if scheme in POSTGRES_SCHEMES:
         from magpie.queue.pg import PgSchedule

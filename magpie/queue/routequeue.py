@@ -100,9 +100,18 @@ class RouteQueue:
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
         """Build from a :class:`magpie.config.ScheduleSettings` (or a whole Settings, whose ``schedule``
-        slice is used). Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`)."""
+        slice is used): one partition. Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`,
+        and the partition count recorded in Redis); ``ValueError`` when the schedule is partitioned
+        (``MAGPIE_SCHEDULE_PARTITIONS`` > 1, or a repartition under way): :func:`create_provider` builds
+        that one (a :class:`magpie.queue.partitioned.PartitionedSchedule`)."""
         sched = getattr(settings, "schedule", settings)
         client = client or redis.Redis.from_url(sched.redis_url)
+        from magpie.queue.partitions import check_partition_layout
+
+        n = int(getattr(sched, "partitions", 1) or 1)
+        if n > 1 or check_partition_layout(client, sched.prefix, 1):  # N > 1, or a repartition to 1 runs
+            raise ValueError("a partitioned schedule (MAGPIE_SCHEDULE_PARTITIONS > 1, or a repartition under "
+                             "way) is built by magpie.queue.provider.create_provider")
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,
@@ -181,12 +190,33 @@ class RouteQueue:
         are re-claimed here (``stalled=True``) or dead-lettered past ``max_stalled``. Returns the leases;
         :attr:`last_pop` tells whether the queue was paused and how many routes were dead-lettered.
         """
-        k = self.keys
         before = time.time() * 1000
-        raw = self.scripts.pop(keys=self._core, args=[
-            self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
-            self.max_stalled, repr(self.priority_share), k.shard(0)[:-1], k.shards])
-        after = time.time() * 1000
+        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms))
+        return self.pop_leases(raw, before, time.time() * 1000)
+
+    def pop_leases_now(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
+                       share: float | None = None) -> list[Lease]:
+        """:meth:`pop` with the priority lane's share of this call given (:meth:`pop_args`)."""
+        before = time.time() * 1000
+        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms, share))
+        return self.pop_leases(raw, before, time.time() * 1000)
+
+    def pop_args(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
+                 share: float | None = None) -> list:
+        """ARGV of one ``pop.lua`` call (KEYS are :meth:`core_keys`): for callers that pipeline claims.
+        ``share``: the priority lane's share of this call instead of :attr:`priority_share`."""
+        k = self.keys
+        share = self.priority_share if share is None else share
+        return [self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
+                self.max_stalled, repr(share), k.shard(0)[:-1], k.shards]
+
+    def core_keys(self) -> list[str]:
+        """The eleven schedule keys every script receives first (:meth:`QueueKeys.core`)."""
+        return self._core
+
+    def pop_leases(self, raw, before: float, after: float) -> list[Lease]:
+        """The leases of one ``pop.lua`` reply ``raw`` sent between local times ``before`` and ``after``
+        (Unix ms); sets :attr:`last_pop`."""
         offset = float(_s(raw[0])) - (before + after) / 2
         self.last_pop = {"allowed": int(raw[1]), "paused": bool(int(raw[2])), "dead_lettered": int(raw[3])}
         lease_s = _s(raw[4])
@@ -322,6 +352,13 @@ class RouteQueue:
         """
         if not leases:
             return Completion()
+        keys, args = self.complete_call(leases, results, stream, interval_ms, desired)
+        return self.completion_of(leases, self.scripts.complete(keys=keys, args=args))
+
+    def complete_call(self, leases: Sequence[Lease], results, stream: StreamTarget | None,
+                      interval_ms: int | None = None, desired=None) -> tuple[list, list]:
+        """``(KEYS, ARGV)`` of the ``complete.lua`` call :meth:`complete_with_results` makes (for callers that
+        pipeline completions of several schedules; :meth:`completion_of` reads the reply)."""
         k = self.keys
         args: list = [self._now(), int(interval_ms or self.interval_ms), stream.policy if stream else "",
                       stream.maxlen if stream else 0, stream.group if stream else "", k.payload_prefix,
@@ -338,7 +375,11 @@ class RouteQueue:
                 for key, v in fields.items():
                     args += [key, v]
         keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
-        raw = self.scripts.complete(keys=keys, args=args)
+        return keys, args
+
+    def completion_of(self, leases: Sequence[Lease], raw) -> Completion:
+        """The :class:`Completion` of ``complete.lua`` reply ``raw`` for ``leases``; fires the cancellation
+        token of each refused lease."""
         n = len(leases)
         out = Completion(dropped=int(raw[0]), trimmed=int(raw[1]), full=bool(int(raw[2])))
         if out.full:
@@ -400,31 +441,48 @@ class RouteQueue:
 
     # -- import and time controls --------------------------------------------------------------------
     def schedule(self, items: Iterable[tuple[str, str]], total: int | None = None, start_index: int = 0,
-                 batch: int = 500) -> dict[str, int]:
+                 batch: int = 500, slots: Sequence[int] | None = None) -> dict[str, int]:
         """Add routes to the schedule (``schedule.lua``), first due times spread over the interval.
 
         Args:
             items: ``(route_hash, payload_text)`` pairs; payload text as :meth:`Payload.encode` makes it.
             total: number of routes the spread is computed over (default: ``len(items)``).
             start_index: index of the first item within that spread (for chunked imports).
+            slots: each item's own index within the spread instead (the partitioned schedule's share of a
+                whole import); ``start_index`` is then ignored.
         Route i of ``total`` becomes due at now + i * interval / total. A route already stored keeps its
         due time; only the new payload's workspace ids are merged into the stored one. With
         :attr:`priority_share` > 0 new routes join the priority lane, claimed ahead of the due backlog.
         Returns ``{"new": n, "merged": n, "unchanged": n}``.
         """
+        pipe = self.r.pipeline(transaction=False)
+        self.schedule_calls(pipe, items, total, start_index, batch, slots)
+        return self.schedule_counts(pipe.execute())
+
+    def schedule_calls(self, pipe, items: Iterable[tuple[str, str]], total: int | None = None,
+                       start_index: int = 0, batch: int = 500, slots: Sequence[int] | None = None) -> int:
+        """Queue the ``schedule.lua`` calls of :meth:`schedule` on pipeline ``pipe``; returns how many (their
+        replies go to :meth:`schedule_counts`)."""
         items = list(items)
         total = total or len(items) or 1
         step = self.interval_ms / total
         k = self.keys
-        counts = {"new": 0, "merged": 0, "unchanged": 0}
-        pipe = self.r.pipeline(transaction=False)
+        calls = 0
         for off in range(0, len(items), batch):
             chunk = items[off: off + batch]
             args: list = [self._now(), k.payload_prefix, "1" if self.priority_share > 0 else "0"]
             for j, (h, payload) in enumerate(chunk):
-                args += [h, payload, int((start_index + off + j) * step)]
+                slot = slots[off + j] if slots is not None else start_index + off + j
+                args += [h, payload, int(slot * step)]
             self.scripts.schedule(keys=self._core + [k.shard_of(h) for h, _ in chunk], args=args, client=pipe)
-        for res in pipe.execute():
+            calls += 1
+        return calls
+
+    @staticmethod
+    def schedule_counts(replies) -> dict[str, int]:
+        """``{"new", "merged", "unchanged"}`` summed over ``schedule.lua`` replies."""
+        counts = {"new": 0, "merged": 0, "unchanged": 0}
+        for res in replies:
             for name, v in zip(("new", "merged", "unchanged"), res):
                 counts[name] += int(v)
         return counts

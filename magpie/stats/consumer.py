@@ -35,7 +35,9 @@ from magpie.stats.entry import (
     dead_letter_fields,
     parse_entry,
 )
-from magpie.stats.keys import DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, stream_key, text
+from magpie.stats.keys import (
+    DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, ledger_id, stream_key, stream_space, text,
+)
 from magpie.stats.store import (
     applied_ids,
     apply_results,
@@ -48,15 +50,18 @@ from magpie.stats.store import (
 _TRIMMED = "entry trimmed from the stream before ingestion"
 
 
-def ensure_group(redis: redis_lib.Redis, prefix: str) -> None:
+def ensure_group(redis: redis_lib.Redis, prefix: str, stream: str | None = None) -> None:
     """Create the consumer group (and the stream) if missing; start id ``0`` so nothing published earlier
     is skipped. An existing group is left as it is (``BUSYGROUP`` ignored).
 
+    Args:
+        stream: the results stream (default: the untagged ``<prefix>stats:results``; a partitioned schedule
+            has one per partition, :func:`magpie.queue.partitions.stream_pairs`).
     Raises:
         redis.RedisError: Redis unavailable, or any other refusal than ``BUSYGROUP``.
     """
     try:
-        redis.xgroup_create(stream_key(prefix), GROUP, id="0", mkstream=True)
+        redis.xgroup_create(stream or stream_key(prefix), GROUP, id="0", mkstream=True)
     except redis_lib.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
@@ -187,6 +192,8 @@ def ingest(
     backoff_s: float = infra.DEFAULT_BACKOFF_S,
     backoff_cap_s: float = infra.DEFAULT_BACKOFF_CAP_S,
     geo=None,
+    stream: str | None = None,
+    dead_stream: str | None = None,
 ) -> IngestReport:
     """Apply one batch of stream entries to PostgreSQL, then acknowledge them.
 
@@ -223,6 +230,9 @@ def ingest(
             every call.
         geo: a :class:`magpie.enrich.geo.GeoDatabases` enriching exit addresses as they are written
             (see :func:`~magpie.stats.store.apply_results`); None leaves them to the enrichment job.
+        stream / dead_stream: the results stream read and the dead-letter stream written (default: the
+            untagged pair; a partitioned schedule has a pair per partition,
+            :func:`magpie.queue.partitions.stream_pairs`, each ingested by its own call).
     Returns:
         :class:`IngestReport`.
     Raises:
@@ -232,8 +242,10 @@ def ingest(
             is acknowledged and the delivery counts stay raised, so a crash loop ends in the dead-letter
             stream after ``max_deliveries``.
     """
-    key = stream_key(prefix)
-    ensure_group(redis, prefix)
+    key = stream or stream_key(prefix)
+    dkey = dead_stream or dead_key(prefix)
+    space = stream_space(key)  # a partition's stream ids live in their own ledger space
+    ensure_group(redis, prefix, key)
     report = IngestReport()
     wait_ms, failures = infra.check(redis, prefix)
     if wait_ms > 0:  # the database refused writes lately: read (and so re-deliver) nothing until the trial
@@ -258,7 +270,7 @@ def ingest(
             counts = _delivery_counts(redis, key, consumer, list(taken)[:recovered])
             exhausted = {sid: n for sid, n in counts.items() if n > max_deliveries and taken.get(sid)}
         if exhausted:
-            ledger = {sid: taken[sid].get(ORIGIN_FIELD) or sid for sid in exhausted}
+            ledger = {sid: ledger_id(taken[sid].get(ORIGIN_FIELD) or sid, space) for sid in exhausted}
             done = applied_ids(engine, list(ledger.values()))
             for sid, n in exhausted.items():
                 settled.add(sid)
@@ -278,7 +290,7 @@ def ingest(
                 settled.add(sid)
                 continue
             try:
-                entries.append(parse_entry(sid, fields))
+                entries.append(parse_entry(sid, fields, space))
             except MalformedEntry as exc:
                 dead.append(DeadLetter(sid, f"malformed: {exc}", fields))
                 settled.add(sid)
@@ -298,35 +310,43 @@ def ingest(
             raise
         _give_deliveries_back(redis, key, consumer, [sid for sid in taken if sid not in settled])
         final = [d for d in dead if d.stream_id in settled or d.stream_id not in taken]
-        _settle(redis, prefix, consumer, key, final, sorted(settled, key=id_parts), dead_maxlen)
+        _settle(redis, prefix, consumer, key, final, sorted(settled, key=id_parts), dead_maxlen, dkey=dkey)
         report.committed, report.dead = 0, len(final)
         return _infra_failure(report, redis, prefix, describe_failure(exc), backoff_s, backoff_cap_s)
 
     report.dead = len(dead)
     if taken or dead:
-        cleared = _settle(redis, prefix, consumer, key, dead, list(taken), dead_maxlen, wrote=bool(entries))
+        cleared = _settle(redis, prefix, consumer, key, dead, list(taken), dead_maxlen, wrote=bool(entries),
+                          dkey=dkey)
         report.infra_cleared = max(report.infra_cleared, cleared)
     return report
 
 
 def _settle(redis, prefix: str, consumer: str, key: str, dead: list[DeadLetter], taken: list[str],
-            dead_maxlen: int, *, wrote: bool = False) -> int:
-    """One ``MULTI``: write ``dead`` to the dead-letter stream, acknowledge ``taken`` and the dead letters
-    that need it, and, after a commit (``wrote``), clear the infrastructure state. Returns the failures
-    in a row the cleared state held (0 when none)."""
+            dead_maxlen: int, *, wrote: bool = False, dkey: str | None = None) -> int:
+    """One ``MULTI``: write ``dead`` to the dead-letter stream ``dkey``, acknowledge ``taken`` and the dead
+    letters that need it, and, after a commit (``wrote``), clear the infrastructure state. Returns the
+    failures in a row the cleared state held (0 when none). A partition's tagged streams take the
+    infrastructure state's clearing in a second step (another slot on a cluster: a ``MULTI`` is one slot)."""
     now_ms = int(time.time() * 1000)
     pipe = redis.pipeline(transaction=True)
-    dkey = dead_key(prefix)
+    dkey = dkey or dead_key(prefix)
     for d in dead:
         pipe.xadd(dkey, dead_letter_fields(d, consumer, now_ms), maxlen=dead_maxlen, approximate=True)
     seen = set(taken)
     ack = list(taken) + [d.stream_id for d in dead if d.ack and d.stream_id not in seen]
     if ack:
         pipe.xack(key, GROUP, *ack)
-    if wrote:
+    apart = "{" in key  # a partition's stream: the untagged infra key is in another slot
+    if wrote and not apart:
         pipe.hget(infra_key(prefix), "failures")
         pipe.delete(infra_key(prefix))
     res = pipe.execute()
+    if wrote and apart:
+        pipe = redis.pipeline(transaction=True)
+        pipe.hget(infra_key(prefix), "failures")
+        pipe.delete(infra_key(prefix))
+        res = pipe.execute()
     if not wrote:
         return 0
     try:

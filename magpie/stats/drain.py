@@ -33,6 +33,9 @@ def consumer_name() -> str:
 def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: int = MAX_PASSES) -> int:
     """Move check results from the stream into PostgreSQL, batch after batch, acknowledging after commit.
 
+    Every partition's results stream is read (``MAGPIE_SCHEDULE_PARTITIONS``,
+    :func:`magpie.queue.partitions.settings_stream_pairs`), a batch of each in turn, through the same group.
+
     Args:
         redis: client on the schedule's Redis.
         engine: engine on the magpie database.
@@ -46,7 +49,11 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
         Whatever :func:`~magpie.stats.consumer.ingest` raises (entries of a failed batch stay pending);
         an infrastructure failure of the database is not raised: the run stops there.
     """
-    ensure_group(redis, settings.redis_prefix)
+    from magpie.queue.partitions import settings_stream_pairs
+
+    pairs = settings_stream_pairs(settings)  # one results stream per partition (one when unpartitioned)
+    for stream, _ in pairs:
+        ensure_group(redis, settings.redis_prefix, stream)
     consumer = consumer_name()
     geo = None
     if getattr(settings, "geoip_country_db", None) or getattr(settings, "geoip_asn_db", None):
@@ -54,19 +61,26 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
 
         geo = shared(settings, redis)  # exit addresses are enriched as they are written
     total = 0
+    live = list(pairs)
     for _ in range(passes):
-        rep = ingest(redis, engine, settings.redis_prefix, consumer, batch=settings.stats_batch,
-                     max_deliveries=settings.stats_max_deliveries, backoff_s=settings.stats_infra_backoff,
-                     backoff_cap_s=settings.stats_infra_backoff_cap, geo=geo)
-        total += rep.committed
-        if rep.infra_cleared:
-            log.info("stats ingestion: the database accepts writes again after %d failed attempt(s)",
-                     rep.infra_cleared)
-        if rep.infra_error is not None:
-            if not rep.skipped and rep.infra_failures == 1:
-                log.warning("stats ingestion: database failed a batch for infrastructure reasons (%s); "
-                            "entries stay pending, next attempt in %.1f s", rep.infra_error, rep.backoff_s)
-            break
-        if rep.read == 0:
+        drained = []
+        for stream, dead in live:  # a batch of each stream in turn, same consumer group on every stream
+            rep = ingest(redis, engine, settings.redis_prefix, consumer, batch=settings.stats_batch,
+                         max_deliveries=settings.stats_max_deliveries, backoff_s=settings.stats_infra_backoff,
+                         backoff_cap_s=settings.stats_infra_backoff_cap, geo=geo, stream=stream,
+                         dead_stream=dead)
+            total += rep.committed
+            if rep.infra_cleared:
+                log.info("stats ingestion: the database accepts writes again after %d failed attempt(s)",
+                         rep.infra_cleared)
+            if rep.infra_error is not None:
+                if not rep.skipped and rep.infra_failures == 1:
+                    log.warning("stats ingestion: database failed a batch for infrastructure reasons (%s); "
+                                "entries stay pending, next attempt in %.1f s", rep.infra_error, rep.backoff_s)
+                return total
+            if rep.read == 0:
+                drained.append((stream, dead))
+        live = [p for p in live if p not in drained]
+        if not live:
             break
     return total

@@ -232,6 +232,7 @@ class StreamEntry:
         result: the :class:`CheckResult`; ``latency_ms`` rounded to 3 decimals (microseconds).
         fields: the entry's decoded fields as read (kept for a dead letter).
         origin_id: the id the entry was first published under when it was redriven, else None.
+        space: the ledger id space of the stream it was read from (:func:`magpie.stats.keys.ledger_id`).
     """
 
     stream_id: str
@@ -240,12 +241,16 @@ class StreamEntry:
     result: CheckResult
     fields: dict[str, str]
     origin_id: str | None = None
+    space: int = 0
 
     @property
     def ledger_id(self) -> str:
         """The id the replay ledger and ``check_history.stream_id`` record: :attr:`origin_id` for a
-        redriven entry, else :attr:`stream_id`."""
-        return self.origin_id or self.stream_id
+        redriven entry, else :attr:`stream_id`, in the stream's ledger space
+        (:func:`magpie.stats.keys.ledger_id`; unchanged for the untagged stream)."""
+        from magpie.stats.keys import ledger_id
+
+        return ledger_id(self.origin_id or self.stream_id, self.space)
 
     @property
     def checked_at(self) -> datetime:
@@ -258,8 +263,9 @@ class StreamEntry:
         return (self.checked_at, *id_parts(self.stream_id))
 
 
-def parse_entry(stream_id: str, fields: Mapping[str, str]) -> StreamEntry:
-    """Validate one entry's decoded fields against the columns they are stored in.
+def parse_entry(stream_id: str, fields: Mapping[str, str], space: int = 0) -> StreamEntry:
+    """Validate one entry's decoded fields against the columns they are stored in; ``space`` is the ledger
+    id space of the stream it came from (:func:`magpie.stats.keys.stream_space`).
 
     Raises:
         MalformedEntry: a required field (``route_id``, ``alive``, ``checked_at_ms``) is missing or
@@ -280,6 +286,7 @@ def parse_entry(stream_id: str, fields: Mapping[str, str]) -> StreamEntry:
         result=result,
         fields=dict(fields),
         origin_id=origin,
+        space=int(space),
     )
 
 

@@ -30,6 +30,36 @@ def infra_key(prefix: str) -> str:
     return f"{prefix}stats:infra"
 
 
+LEDGER_SPACES = 1026
+"""Ledger id spaces: 0 the untagged stream, 1..1024 partition ``p0``..``p1023``'s stream, 1025 another
+tagged stream (``{default}`` on a cluster). See :func:`ledger_id`."""
+
+
+def stream_space(key: str) -> int:
+    """The ledger id space of results stream ``key`` (0 untagged, ``K + 1`` for tag ``pK``, 1025 another tag)."""
+    i = key.find("{")
+    j = key.find("}", i + 1)
+    if i < 0 or j < 0:
+        return 0
+    tag = key[i + 1:j]
+    if tag[:1] == "p" and tag[1:].isdigit() and int(tag[1:]) < LEDGER_SPACES - 2:
+        return int(tag[1:]) + 1
+    return LEDGER_SPACES - 1
+
+
+def ledger_id(stream_id: str, space: int = 0) -> str:
+    """The id an entry of stream id ``stream_id`` in ledger space ``space`` is recorded under.
+
+    Stream ids are unique within one stream only, and every partition's stream feeds one ledger: space 0
+    (the untagged stream) keeps the id as it is; a partition's stream records ``"<ms>-<seq * 1026 + space>"``,
+    still a ``<ms>-<seq>`` id, ordered as its stream's ids are (so the replay floor keeps its meaning).
+    Raises ``ValueError`` when ``stream_id`` is not numeric."""
+    if not space:
+        return stream_id
+    ms, seq = id_parts(stream_id)
+    return f"{ms}-{seq * LEDGER_SPACES + int(space)}"
+
+
 def text(v) -> str:
     """A Redis reply value as ``str`` (``bytes`` decoded as UTF-8, bad bytes replaced)."""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)

@@ -56,6 +56,7 @@ def redrive(
     limit: int | None = None,
     discard_unrecoverable: bool = False,
     chunk: int = CHUNK,
+    pairs: list[tuple[str, str]] | None = None,
 ) -> RedriveReport:
     """Move dead-lettered entries, oldest first, back into the results stream.
 
@@ -65,6 +66,9 @@ def redrive(
         limit: most dead letters to move (None: all); unrecoverable ones do not count.
         discard_unrecoverable: delete dead letters that hold nothing to re-ingest.
         chunk: dead letters looked at per script call.
+        pairs: ``[(results stream, dead-letter stream)]`` (one per partition,
+            :func:`magpie.queue.partitions.stream_pairs`): each dead-letter stream goes back into its own
+            results stream (one slot per script call); the reports are summed, ``limit`` over all.
     Returns:
         :class:`RedriveReport`.
     Raises:
@@ -75,9 +79,23 @@ def redrive(
         raise ValueError("limit must be 0 or more")
     if chunk < 1:
         raise ValueError("chunk must be at least 1")
+    if pairs is not None:
+        total = RedriveReport()
+        for results, dead in pairs:
+            left = None if limit is None else limit - total.moved
+            if left is not None and left <= 0:
+                total.remaining += int(redis.xlen(dead))
+                continue
+            one = _redrive(redis, [dead, results], left, discard_unrecoverable, chunk)
+            for k in ("moved", "unrecoverable", "discarded", "remaining"):
+                setattr(total, k, getattr(total, k) + getattr(one, k))
+        return total
+    return _redrive(redis, [dead_key(prefix), stream_key(prefix)], limit, discard_unrecoverable, chunk)
+
+
+def _redrive(redis, keys: list[str], limit: int | None, discard_unrecoverable: bool, chunk: int) -> RedriveReport:
     rep = RedriveReport()
     cursor = "-"
-    keys = [dead_key(prefix), stream_key(prefix)]
     newest = redis.xrevrange(keys[0], count=1)  # what is dead-lettered again meanwhile waits for next time
     end = text(newest[0][0]) if newest else None
     while end is not None and (limit is None or rep.moved < limit):

@@ -12,8 +12,11 @@ from magpie.stats.infra import state_from
 from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, text
 
 
-def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
-    """Backlog figures of the results stream (three round trips at most).
+def pending_summary(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None) -> dict:
+    """Backlog figures of the results stream (three round trips at most), or of every stream of ``pairs``
+    (``[(results stream, dead-letter stream)]``, :func:`magpie.queue.partitions.stream_pairs`): then the
+    figures are summed (``lag`` None when any stream's is unknown; ``last_delivered_id`` None) and
+    ``"streams"`` lists each stream's own summary.
 
     Returns:
         ``{"stream": key, "length": int (entries in the stream), "pending": int (delivered, not yet
@@ -25,10 +28,27 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    if pairs is not None and (len(pairs) != 1 or pairs[0] != (stream_key(prefix), dead_key(prefix))):
+        return _summed([_one(redis, prefix, s, d) for s, d in pairs])
+    return _one(redis, prefix, stream_key(prefix), dead_key(prefix))
+
+
+def _summed(each: list[dict]) -> dict:
+    out = dict(each[0]) if each else {}
+    out["stream"] = ",".join(e["stream"] for e in each)
+    for k in ("length", "pending", "consumers", "dead"):
+        out[k] = sum(e[k] for e in each)
+    out["lag"] = None if any(e["lag"] is None for e in each) else sum(e["lag"] for e in each)
+    out["last_delivered_id"] = None
+    out["group"] = all(e["group"] for e in each)
+    out["streams"] = each
+    return out
+
+
+def _one(redis, prefix: str, key: str, dkey: str) -> dict:
     pipe = redis.pipeline(transaction=False)
     pipe.xlen(key)
-    pipe.xlen(dead_key(prefix))
+    pipe.xlen(dkey)
     pipe.hgetall(infra_key(prefix))
     pipe.time()
     length, dead, raw_infra, (sec, usec) = pipe.execute()

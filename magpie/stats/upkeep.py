@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.stats import scripts
-from magpie.stats.keys import GROUP, id_parts, stream_key, text
+from magpie.stats.keys import GROUP, id_parts, ledger_id, stream_key, stream_space, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,8 +48,14 @@ class ReplayFloor:
         return self.ms / 1000.0
 
 
-def replay_floor(redis: redis_lib.Redis, prefix: str) -> ReplayFloor | None:
-    """Read the consumer group's replay floor (two round trips at most).
+def replay_floor(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None,
+                 ) -> ReplayFloor | None:
+    """Read the consumer group's replay floor (two round trips at most per stream).
+
+    With ``pairs`` (:func:`magpie.queue.partitions.stream_pairs`: one results stream per partition) the
+    floor is the lowest of the streams' floors in ledger ids (:func:`magpie.stats.keys.ledger_id`), so
+    no stream's replayable entry loses its ledger row; streams with nothing delivered yet hold no ledger
+    rows and are left out.
 
     Returns:
         :class:`ReplayFloor`, or ``None`` when the stream or the group does not exist or nothing was
@@ -57,7 +63,23 @@ def replay_floor(redis: redis_lib.Redis, prefix: str) -> ReplayFloor | None:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    if pairs is not None:
+        floors = [f for f in (_floor(redis, s) for s, _ in pairs) if f is not None]
+        return min(floors, key=lambda f: (f.ms, f.seq)) if floors else None
+    return _floor(redis, stream_key(prefix))
+
+
+def _floor(redis, key: str) -> ReplayFloor | None:
+    space = stream_space(key)
+    floor = _raw_floor(redis, key)
+    if floor is None or not space:
+        return floor
+    sid = ledger_id(floor.stream_id, space)
+    ms, seq = id_parts(sid)
+    return ReplayFloor(sid, ms, seq, floor.source)
+
+
+def _raw_floor(redis, key: str) -> ReplayFloor | None:
     try:
         groups = redis.xinfo_groups(key)
     except redis_lib.ResponseError:  # no such key
@@ -134,22 +156,26 @@ def retire_ledger(
             return {"deleted": deleted, "batches": batches, "complete": True}
 
 
-def trim_consumed(redis: redis_lib.Redis, prefix: str) -> int:
+def trim_consumed(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None) -> int:
     """Remove the stream entries below the replay floor (all acknowledged) in one atomic script
     (``lua/stats_trim.lua``).
 
     Keeps the stream's length equal to its backlog (undelivered plus pending entries), so the completion's
     bound (:class:`magpie.queue.completion.StreamTarget`) measures unconsumed results only.
 
+    With ``pairs`` every listed results stream is trimmed (one script call each: single-slot).
+
     Returns:
         Entries removed (0 when the stream or group is missing).
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    return int(scripts.TRIM(redis, [stream_key(prefix)], [GROUP]))
+    keys = [s for s, _ in pairs] if pairs is not None else [stream_key(prefix)]
+    return sum(int(scripts.TRIM(redis, [key], [GROUP])) for key in keys)
 
 
-def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list[str]:
+def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int,
+                      pairs: list[tuple[str, str]] | None = None) -> list[str]:
     """Delete consumers idle for at least ``idle_ms`` that hold no pending entry.
 
     A consumer that still has pending entries is never deleted (deleting it would drop them from the
@@ -159,12 +185,21 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
 
     Args:
         idle_ms: milliseconds since the consumer's last interaction (``XINFO CONSUMERS`` ``idle``).
+        pairs: every results stream to clean (one group per stream); default: the untagged one.
     Returns:
-        Names of the deleted consumers.
+        Names of the deleted consumers (a name deleted from several streams once).
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    if pairs is not None:
+        gone: list[str] = []
+        for key, _ in pairs:
+            gone += [n for n in _cleanup(redis, prefix, key, idle_ms) if n not in gone]
+        return gone
+    return _cleanup(redis, prefix, stream_key(prefix), idle_ms)
+
+
+def _cleanup(redis, prefix: str, key: str, idle_ms: int) -> list[str]:
     try:
         consumers = redis.xinfo_consumers(key, GROUP)
     except redis_lib.ResponseError:  # no stream or no group
@@ -174,10 +209,11 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
         for c in consumers
         if int(c.get("pending") or 0) == 0 and int(c.get("idle") or 0) >= idle_ms
     ]
-    return delete_empty_consumers(redis, prefix, names)
+    return delete_empty_consumers(redis, prefix, names, key)
 
 
-def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]) -> list[str]:
+def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str],
+                           stream: str | None = None) -> list[str]:
     """Delete each named consumer of the group that holds no pending entry *at this instant* (one script,
     ``lua/stats_drop_consumers.lua``: the check and the deletion are atomic, so a list read earlier can be
     stale without harm).
@@ -189,7 +225,7 @@ def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]
     """
     if not names:
         return []
-    res = scripts.DROP_CONSUMERS(redis, [stream_key(prefix)], [GROUP, *names])
+    res = scripts.DROP_CONSUMERS(redis, [stream or stream_key(prefix)], [GROUP, *names])
     return [text(n) for n in res]
 
 

@@ -45,13 +45,24 @@ class Totals(BaseModel):
     oldest_lateness_s: float
 
 
+class Partition(Totals):
+    """One partition of a partitioned schedule (``MAGPIE_SCHEDULE_PARTITIONS`` > 1): its number, hash-tag
+    name, whether it is paused, and its counts summed over its shards."""
+
+    partition: int
+    name: str
+    paused: bool
+
+
 class Status(BaseModel):
-    """Per-shard schedule state as ``magpie status --json`` prints it (times in Unix ms, lateness in s)."""
+    """Per-shard schedule state as ``magpie status --json`` prints it (times in Unix ms, lateness in s);
+    ``partitions`` (a partitioned schedule only) gives each partition's counts beside the totals."""
 
     now_ms: int
     paused: bool
     shards: list[Shard]
     totals: Totals
+    partitions: list[Partition] | None = None
 
 
 class Point(BaseModel):

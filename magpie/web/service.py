@@ -15,7 +15,7 @@ from functools import cached_property
 
 import redis as redis_lib
 
-from magpie.queue import QueueKeys, RouteQueue
+from magpie.queue import RouteQueue
 from magpie.web import data, fleet
 from magpie.web.samples import read_samples, series
 
@@ -64,14 +64,14 @@ class Dashboard:
     @cached_property
     def queue(self) -> RouteQueue:
         """The schedule, built without the layout check so that reads never write (as the exporter does)."""
-        s = self.settings
-        return RouteQueue(self.redis, QueueKeys(s.redis_prefix, s.queue_shards),
-                          interval_ms=int(s.check_interval * 1000), lease_ms=int(s.lease_seconds * 1000),
-                          max_stalled=s.max_stalled)
+        from magpie.queue.partitioned import reader
+
+        return reader(self.redis, self.settings)  # every partition when MAGPIE_SCHEDULE_PARTITIONS > 1
 
     # -- reads -------------------------------------------------------------------------------------------
     def status(self) -> dict:
-        """:meth:`RouteQueue.status` with each shard's short name (``shard`` is the full key)."""
+        """:meth:`RouteQueue.status` with each shard's short name (``shard`` is the full key); a partitioned
+        schedule adds ``partitions`` (per partition: name, paused and the counts) beside the totals."""
         st = self.queue.status()
         for sh in st["shards"]:
             sh["name"] = sh["shard"].rsplit(":", 1)[-1]
@@ -156,6 +156,10 @@ class Dashboard:
 
     # -- actions (the caller checked the token) ------------------------------------------------------
     def _acting_queue(self) -> RouteQueue:
+        from magpie.queue.partitioned import check_partition_layout
+
+        s = self.settings
+        check_partition_layout(self.redis, s.redis_prefix, int(s.schedule_partitions))  # partition count
         self.queue.check_layout()  # refuses layout_mismatch before any write
         return self.queue
 

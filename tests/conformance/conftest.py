@@ -1,4 +1,5 @@
-"""Conformance suite fixtures: every test runs once per schedule provider (``redis`` and ``postgresql``).
+"""Conformance suite fixtures: every test runs once per schedule provider (``redis``, ``redis-partitioned``:
+the Redis schedule over 4 partitions, and ``postgresql``).
 
 Fixture API (use these names in any test file of this folder):
 
@@ -20,6 +21,7 @@ import pytest
 import sqlalchemy as sa
 
 from magpie.queue import QueueKeys, RouteQueue
+from magpie.queue.partitioned import PartitionedSchedule
 from magpie.queue.pg import PgSchedule
 from magpie.queue.provider import ScheduleProvider
 
@@ -40,6 +42,32 @@ class RedisBackend(RouteQueue):
 
     def leftovers(self) -> list:
         return list(self.r.scan_iter(match=f"*{self.keys.prefix}*"))
+
+
+class PartitionedBackend(PartitionedSchedule):
+    """:class:`PartitionedSchedule` (4 partitions) with the suite's test hooks. ``keys_of(member)`` gives the
+    :class:`QueueKeys` of the partition holding a route; ``all_keys(name)`` one key name per partition."""
+
+    def keys_of(self, member: str) -> QueueKeys:
+        return self._where(member).keys
+
+    def all_keys(self, name: str) -> list[str]:
+        return [getattr(q.keys, name) for q in self.parts]
+
+    def force_due(self, member: str, score: float = 1000) -> None:
+        k = self.keys_of(member)
+        shard = k.shard_of(member)
+        self.r.zadd(shard, {member: score})
+        self.r.zadd(k.heads, {shard: self.r.zrange(shard, 0, 0, withscores=True)[0][1]})
+
+    def put_payload(self, member: str, text: str) -> None:
+        self.r.set(self.keys_of(member).payload(member), text)
+
+    def drop_payload(self, member: str) -> None:
+        self.r.delete(self.keys_of(member).payload(member))
+
+    def leftovers(self) -> list:
+        return list(self.r.scan_iter(match=f"*{self.prefix}*"))
 
 
 class PgBackend(PgSchedule):
@@ -72,7 +100,9 @@ class Clock:
         self.now += int(ms)
 
 
-BACKENDS = ("redis", "postgresql")
+BACKENDS = ("redis", "redis-partitioned", "postgresql")
+PARTITIONS = 4
+"""Partitions of the ``redis-partitioned`` provider."""
 
 
 @pytest.fixture(params=BACKENDS)
@@ -89,6 +119,9 @@ def make_queue(request, backend, redis_client, redis_prefix):
         keys = QueueKeys(redis_prefix, shards)
         if backend == "redis":
             q = RedisBackend(redis_client, keys, interval_ms=interval_ms, lease_ms=lease_ms, clock=clock, **kw)
+        elif backend == "redis-partitioned":
+            q = PartitionedBackend(redis_client, redis_prefix, shards, PARTITIONS, interval_ms=interval_ms,
+                                   lease_ms=lease_ms, clock=clock, **kw)
         else:
             q = PgBackend(request.getfixturevalue("pg_url"), keys, interval_ms=interval_ms, lease_ms=lease_ms,
                           clock=clock, redis_client=redis_client, **kw)

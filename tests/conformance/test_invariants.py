@@ -154,7 +154,7 @@ def test_invariant_4_completion_schedules_max_of_previous_due_and_now(q):
     assert now + 60_000 <= nxt <= now + 61_000  # not 1000 + interval: no catch-up burst
     # a route completed before its previous due time keeps its cadence: previous due + interval
     future_due = q.server_time_ms() + 30_000
-    le2 = Lease(early, items[1][1], f"{future_due}.0", "", q.keys.shard_of(early))
+    le2 = Lease(early, items[1][1], f"{future_due}.0", "", q.shard_of(early))
     force_due(q, early)
     le2.lease_score = q.pop(1)[0].lease_score
     q.complete_one(le2)
@@ -204,7 +204,7 @@ def test_invariant_6_nothing_is_lost(q):
     assert st["scheduled"] == 45 and st["leased"] == 15 and st["due_now"] == 20
 
 
-def test_invariant_7_claims_come_in_due_time_order_across_shards(q):
+def test_invariant_7_claims_come_in_due_time_order_across_shards(q, backend):
     items = make_items(64)
     q.schedule(items)
     import random
@@ -213,15 +213,26 @@ def test_invariant_7_claims_come_in_due_time_order_across_shards(q):
     due = {h: rnd.randint(1000, 900_000) for h, _ in items}
     for h, s in due.items():
         force_due(q, h, s)
-    shards = {q.keys.shard_of(h) for h in due}
+    shards = {q.shard_of(h) for h in due}
     assert len(shards) > 1
     claimed = []
     while len(claimed) < 64:
         claimed += [le.member for le in q.pop(5)]
-    assert claimed == sorted(due, key=lambda h: (due[h], h))
+    if backend != "redis-partitioned":
+        assert claimed == sorted(due, key=lambda h: (due[h], h))
+        return
+    # the documented deviation (docs/design.md, invariant 7): due order holds within each partition, and
+    # across partitions each claim takes every partition's earliest due routes
+    assert sorted(claimed) == sorted(due)
+    for part in q.parts:
+        mine = [h for h in claimed if q.partition(h) is part]
+        assert mine == sorted(mine, key=lambda h: (due[h], q.shard_of(h), h))
+    k = len(q.parts)
+    lateness = [abs(claimed.index(h) - i) for i, h in enumerate(sorted(due, key=lambda h: (due[h], h)))]
+    assert max(lateness) < 64 // 2 and sum(lateness) / 64 < 64 / k  # approximate, not arbitrary
 
 
-def test_pop_drops_members_whose_payload_is_gone(q):
+def test_pop_drops_members_whose_payload_is_gone(q, backend):
     if not hasattr(q, "drop_payload"):
         pytest.skip("payloads live in the schedule row: a route cannot lose its payload alone")
     items = make_items(3)
@@ -230,6 +241,8 @@ def test_pop_drops_members_whose_payload_is_gone(q):
         force_due(q, h)
     q.drop_payload(items[1][0])
     got = [le.member for le in q.pop(10)]
+    if backend == "redis-partitioned":  # due order across partitions is approximate (invariant 7)
+        got.sort()
     assert got == [items[0][0], items[2][0]]
     assert q.score(items[1][0]) is None
 

@@ -17,6 +17,9 @@ from magpie.queue import Payload
 from magpie.routes import Route
 
 
+PARTITIONS = 4  # the redis-partitioned provider's count (conftest.PARTITIONS)
+
+
 @pytest.fixture
 def job_settings(backend, redis_prefix, pg_url):
     """Settings whose schedule is the provider under test (same prefix as ``make_queue``)."""
@@ -24,6 +27,7 @@ def job_settings(backend, redis_prefix, pg_url):
 
     return load_settings(redis_url=REDIS_URL, redis_prefix=redis_prefix, database_url=pg_url,
                          schedule_url=pg_url if backend == "postgresql" else None,
+                         schedule_partitions=PARTITIONS if backend == "redis-partitioned" else 1,
                          encryption_key="test-key-0123456789abcdef")
 
 

@@ -39,7 +39,7 @@ class Model:
         self.paused = False
 
     def shard(self, m):
-        return self.q.keys.shard_of(m)
+        return self.q.shard_of(m)
 
     def schedule(self, members, w):
         step = self.interval / len(members)
@@ -62,8 +62,32 @@ class Model:
     def pop(self, n):
         if self.paused:
             return []
+        parts = getattr(self.q, "parts", None)
+        if not parts:
+            return self.pop_from(n, lambda m: True)
+        # the partitioned schedule: the starting partition rotates, the count is split evenly, what a
+        # partition could not fill goes to the partitions that filled their share, then to those not asked
+        k = len(parts)
+        start = (self.q._turn - 1) % k  # the claim just made (a paused one rotates too)
+        order = [p.keys.name for p in parts[start:] + parts[:start]]
+        share = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        home = {m: self.q.partition(m).keys.name for m in self.score}
+        got, full = [], []
+        for name, want in zip(order, share):
+            if want:
+                part = self.pop_from(want, lambda m, name=name: home[m] == name)
+                got += part
+                if len(part) >= want:
+                    full.append(name)
+        for name in full + [name for name, want in zip(order, share) if not want]:
+            if len(got) >= n:
+                break
+            got += self.pop_from(n - len(got), lambda m, name=name: home[m] == name)
+        return got
+
+    def pop_from(self, n, mine):
         got = []
-        for m in sorted((m for m, s in self.score.items() if s <= self.now),
+        for m in sorted((m for m, s in self.score.items() if s <= self.now and mine(m)),
                         key=lambda m: (self.score[m], self.shard(m), m)):
             if len(got) == n:
                 break

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from magpie.stats.keys import GROUP, dead_key, stream_key
+from magpie.queue.partitions import layout_key, stream_pairs
+from magpie.stats.keys import GROUP, ledger_id, stream_space
 
 
 @dataclass
@@ -38,42 +39,57 @@ def _s(v) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def pairs_of(r, prefix: str) -> list[tuple[str, str]]:
+    """``[(results stream, dead-letter stream)]`` of the schedule stored under ``prefix``: one per partition
+    of the partition count recorded in Redis (one, untagged, when none is)."""
+    n = r.get(layout_key(prefix))
+    return stream_pairs(prefix, int(_s(n)) if n else 1)
+
+
 def stream_results(r, prefix: str) -> list[Result]:
-    """Every entry of the results stream, oldest first."""
+    """Every entry of every results stream (one per partition), oldest first; ``stream_id`` is the id the
+    ledger and ``check_history`` record (:func:`magpie.stats.keys.ledger_id`)."""
     out = []
-    last = "-"
-    while True:
-        rows = r.xrange(stream_key(prefix), min=last, max="+", count=5000)
-        if last != "-":
-            rows = rows[1:]
-        if not rows:
-            return out
-        for sid, f in rows:
-            f = {_s(k): _s(v) for k, v in f.items()}
-            sid = _s(sid)
-            out.append(Result(sid, int(sid.split("-")[0]), f.get("route_hash", ""),
-                              int(f.get("route_id") or 0), f.get("alive") == "1"))
-        last = _s(rows[-1][0])
+    for key, _ in pairs_of(r, prefix):
+        space = stream_space(key)
+        last = "-"
+        while True:
+            rows = r.xrange(key, min=last, max="+", count=5000)
+            if last != "-":
+                rows = rows[1:]
+            if not rows:
+                break
+            for sid, f in rows:
+                f = {_s(k): _s(v) for k, v in f.items()}
+                sid = _s(sid)
+                out.append(Result(ledger_id(sid, space), int(sid.split("-")[0]), f.get("route_hash", ""),
+                                  int(f.get("route_id") or 0), f.get("alive") == "1"))
+            last = _s(rows[-1][0])
+    out.sort(key=lambda res: res.at_ms)
+    return out
 
 
 def wait_drained(r, prefix: str, timeout: float = 60.0) -> bool:
     """Wait until the stats consumer group has read every entry and acknowledged all of them; True when
     drained within ``timeout`` seconds."""
-    key = stream_key(prefix)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            groups = {_s(g["name"]): g for g in r.xinfo_groups(key)}
-            info = r.xinfo_stream(key)
-        except Exception:  # noqa: BLE001 - no stream or group yet
-            time.sleep(0.5)
-            continue
-        g = groups.get(GROUP)
-        last = _s(info.get("last-generated-id", b"0-0"))
-        if g is not None and g["pending"] == 0 and _s(g["last-delivered-id"]) == last:
+        if all(_drained(r, key) for key, _ in pairs_of(r, prefix)):
             return True
         time.sleep(0.5)
     return False
+
+
+def _drained(r, key: str) -> bool:
+    try:
+        groups = {_s(g["name"]): g for g in r.xinfo_groups(key)}
+        info = r.xinfo_stream(key)
+    except Exception:  # noqa: BLE001 - no stream or group yet
+        return not r.exists(key)
+    g = groups.get(GROUP)
+    last = _s(info.get("last-generated-id", b"0-0"))
+    return (g is not None and g["pending"] == 0 and _s(g["last-delivered-id"]) == last) or (
+        g is None and info.get("length") == 0)
 
 
 def history_ids(engine) -> list[str]:
@@ -113,7 +129,7 @@ def result_accounting(stack, interval_ms: float, since_ms: int = 0) -> dict[str,
         "stored": len(stored & published),
         "results_lost": len(published - stored),
         "duplicated": (len(ids) - len(stored)) + double_completions(results, interval_ms, since_ms),
-        "stats_dead_lettered": int(stack.r.xlen(dead_key(prefix))),
+        "stats_dead_lettered": sum(int(stack.r.xlen(d)) for _, d in pairs_of(stack.r, prefix)),
         "drained": int(drained),
     }
 
@@ -131,13 +147,16 @@ def schedule_members(stack) -> tuple[set[str], set[str]]:
     """(members of every shard, dead-lettered members) of the Redis schedule now (read from its keys: the
     lab's Redis scenarios inspect the layout itself)."""
     from magpie.queue.keys import QueueKeys
+    from magpie.queue.partitions import partition_names
 
     s = stack.settings()
-    keys = QueueKeys(s.redis_prefix, s.queue_shards)
     members: set[str] = set()
-    for shard in keys.all_shards():
-        members.update(_s(m) for m in stack.r.zrange(shard, 0, -1))
-    dead = {_s(m) for m in stack.r.zrange(keys.dead, 0, -1)}
+    dead: set[str] = set()
+    for name in partition_names(int(getattr(s, "schedule_partitions", 1) or 1)):
+        keys = QueueKeys(s.redis_prefix, s.queue_shards, name)
+        for shard in keys.all_shards():
+            members.update(_s(m) for m in stack.r.zrange(shard, 0, -1))
+        dead |= {_s(m) for m in stack.r.zrange(keys.dead, 0, -1)}
     return members, dead
 
 

@@ -211,9 +211,9 @@ class Stack:
         return load_settings(**{k: v for k, v in self.env.items() if k.startswith(("MAGPIE_", "PROXY_"))})
 
     def queue(self):
-        from magpie.queue import RouteQueue
+        from magpie.queue.provider import create_provider
 
-        return RouteQueue.from_settings(self.settings(), self.r)
+        return create_provider(None, self.settings(), redis_client=self.r)
 
     def import_lines(self, lines: list[str]) -> int:
         """Import proxy-list ``lines`` into workspace ``chaos`` (PostgreSQL and the schedule); returns the
