@@ -129,7 +129,9 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the PostgreSQL database (results, routes, jobs); ``postgresql://`` only."""
     redis_url: str = Field("redis://127.0.0.1:6379/0", alias="MAGPIE_REDIS_URL")
     """Redis holding the route schedule, leader locks, counters and the results stream (``redis://``,
-    ``rediss://`` or ``unix://``); run it with ``maxmemory-policy noeviction``."""
+    ``rediss://`` or ``unix://``; a Redis Cluster as ``redis+cluster://host:port[,host:port...]/`` or
+    ``rediss+cluster://``, which then needs ``MAGPIE_BROKER_URL`` set); run it with
+    ``maxmemory-policy noeviction``."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
     ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
@@ -733,9 +735,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str) -> str:
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        problem = redis_db_problem(v)
+        from magpie.redisconn import url_problem
+
+        problem = url_problem(v) or redis_db_problem(v)
         if problem:
             raise ValueError(problem)
         return v
@@ -784,6 +786,15 @@ class Settings(BaseSettings):
                 names = ", ".join(s + "://" for s in BROKER_SCHEMES[:-1]) + f" or {BROKER_SCHEMES[-1]}://"
                 raise ValueError(f"MAGPIE_BROKER_URL: must be a {names} URL "
                                  f"(got {f'scheme {scheme!r}' if named else 'no scheme'})")
+        return self
+
+    @model_validator(mode="after")
+    def _broker_beside_cluster(self) -> "Settings":
+        from magpie.redisconn import is_cluster_url
+
+        if is_cluster_url(self.redis_url) and "broker_url" not in self.model_fields_set:
+            raise ValueError("MAGPIE_REDIS_URL names a Redis Cluster, which cannot be a Celery broker: set "
+                             "MAGPIE_BROKER_URL (a plain redis:// or amqp:// URL)")
         return self
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 import redis as redis_lib
 import sqlalchemy as sa
+from magpie import redisconn
 
 
 def _probe(fn: Callable[[], str]) -> dict:
@@ -154,7 +155,7 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    r = redis_lib.Redis.from_url(
+    r = redisconn.connect(
         settings.redis_url, socket_timeout=t, socket_connect_timeout=t, retry=Retry(NoBackoff(), 0)
     )
     engine = sa.create_engine(

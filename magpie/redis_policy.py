@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from magpie import redisconn
 from magpie.errors import MagpieError
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def verify_redis_policy_at_start(settings=None, *, timeout_s: float = 5.0) -> st
     from magpie.config import get_settings
 
     s = settings or get_settings()
-    client = redis.Redis.from_url(s.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redisconn.connect(s.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         try:
             policy = eviction_policy(client)

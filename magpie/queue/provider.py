@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from magpie import redisconn
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.lease import Lease
 from magpie.queue.urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
@@ -196,7 +197,7 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
 
         from magpie.queue.routequeue import RouteQueue
 
-        client = redis_client if redis_client is not None and url == sched.redis_url else redis.Redis.from_url(url)
+        client = redis_client if redis_client is not None and url == sched.redis_url else redisconn.connect(url)
         return RouteQueue.from_settings(sched, client)
     if scheme in POSTGRES_SCHEMES:
         from magpie.queue.pg import PgSchedule

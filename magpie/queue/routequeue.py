@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Sequence
 
 import redis
 
+from magpie import redisconn
 from magpie.errors import Refusal
 from magpie.queue import reads
 from magpie.queue.completion import Completion, StreamTarget
@@ -97,7 +98,7 @@ class RouteQueue:
         """Build from a :class:`magpie.config.ScheduleSettings` (or a whole Settings, whose ``schedule``
         slice is used). Raises :class:`QueueError` ``layout_mismatch`` (see :meth:`check_layout`)."""
         sched = getattr(settings, "schedule", settings)
-        client = client or redis.Redis.from_url(sched.redis_url)
+        client = client or redisconn.connect(sched.redis_url)
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,

@@ -35,7 +35,7 @@ from magpie.stats.entry import (
     dead_letter_fields,
     parse_entry,
 )
-from magpie.stats.keys import DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, stream_key, text
+from magpie.stats.keys import DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, stream_key, tagged_for, text
 from magpie.stats.store import (
     applied_ids,
     apply_results,
@@ -56,7 +56,7 @@ def ensure_group(redis: redis_lib.Redis, prefix: str) -> None:
         redis.RedisError: Redis unavailable, or any other refusal than ``BUSYGROUP``.
     """
     try:
-        redis.xgroup_create(stream_key(prefix), GROUP, id="0", mkstream=True)
+        redis.xgroup_create(stream_key(prefix, tagged_for(redis)), GROUP, id="0", mkstream=True)
     except redis_lib.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
@@ -232,7 +232,7 @@ def ingest(
             is acknowledged and the delivery counts stay raised, so a crash loop ends in the dead-letter
             stream after ``max_deliveries``.
     """
-    key = stream_key(prefix)
+    key = stream_key(prefix, tagged_for(redis))
     ensure_group(redis, prefix)
     report = IngestReport()
     wait_ms, failures = infra.check(redis, prefix)
@@ -316,7 +316,7 @@ def _settle(redis, prefix: str, consumer: str, key: str, dead: list[DeadLetter],
     in a row the cleared state held (0 when none)."""
     now_ms = int(time.time() * 1000)
     pipe = redis.pipeline(transaction=True)
-    dkey = dead_key(prefix)
+    dkey = dead_key(prefix, tagged_for(redis))
     for d in dead:
         pipe.xadd(dkey, dead_letter_fields(d, consumer, now_ms), maxlen=dead_maxlen, approximate=True)
     seen = set(taken)
@@ -324,8 +324,8 @@ def _settle(redis, prefix: str, consumer: str, key: str, dead: list[DeadLetter],
     if ack:
         pipe.xack(key, GROUP, *ack)
     if wrote:
-        pipe.hget(infra_key(prefix), "failures")
-        pipe.delete(infra_key(prefix))
+        pipe.hget(infra_key(prefix, tagged_for(redis)), "failures")
+        pipe.delete(infra_key(prefix, tagged_for(redis)))
     res = pipe.execute()
     if not wrote:
         return 0

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import redis as redis_lib
 
 from magpie.stats import scripts
-from magpie.stats.keys import dead_key, stream_key, text
+from magpie.stats.keys import dead_key, stream_key, tagged_for, text
 
 CHUNK = 500
 """Dead letters looked at per script call (each call is atomic and short)."""
@@ -77,7 +77,7 @@ def redrive(
         raise ValueError("chunk must be at least 1")
     rep = RedriveReport()
     cursor = "-"
-    keys = [dead_key(prefix), stream_key(prefix)]
+    keys = [dead_key(prefix, tagged_for(redis)), stream_key(prefix, tagged_for(redis))]
     newest = redis.xrevrange(keys[0], count=1)  # what is dead-lettered again meanwhile waits for next time
     end = text(newest[0][0]) if newest else None
     while end is not None and (limit is None or rep.moved < limit):

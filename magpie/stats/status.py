@@ -9,7 +9,7 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats.infra import state_from
-from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, text
+from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, tagged_for, text
 
 
 def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
@@ -25,11 +25,11 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    key = stream_key(prefix, tagged_for(redis))
     pipe = redis.pipeline(transaction=False)
     pipe.xlen(key)
-    pipe.xlen(dead_key(prefix))
-    pipe.hgetall(infra_key(prefix))
+    pipe.xlen(dead_key(prefix, tagged_for(redis)))
+    pipe.hgetall(infra_key(prefix, tagged_for(redis)))
     pipe.time()
     length, dead, raw_infra, (sec, usec) = pipe.execute()
     out = {

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.stats import scripts
-from magpie.stats.keys import GROUP, id_parts, stream_key, text
+from magpie.stats.keys import GROUP, id_parts, stream_key, tagged_for, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +57,7 @@ def replay_floor(redis: redis_lib.Redis, prefix: str) -> ReplayFloor | None:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    key = stream_key(prefix, tagged_for(redis))
     try:
         groups = redis.xinfo_groups(key)
     except redis_lib.ResponseError:  # no such key
@@ -146,7 +146,7 @@ def trim_consumed(redis: redis_lib.Redis, prefix: str) -> int:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    return int(scripts.TRIM(redis, [stream_key(prefix)], [GROUP]))
+    return int(scripts.TRIM(redis, [stream_key(prefix, tagged_for(redis))], [GROUP]))
 
 
 def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list[str]:
@@ -164,7 +164,7 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int) -> list
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix)
+    key = stream_key(prefix, tagged_for(redis))
     try:
         consumers = redis.xinfo_consumers(key, GROUP)
     except redis_lib.ResponseError:  # no stream or no group
@@ -189,7 +189,7 @@ def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]
     """
     if not names:
         return []
-    res = scripts.DROP_CONSUMERS(redis, [stream_key(prefix)], [GROUP, *names])
+    res = scripts.DROP_CONSUMERS(redis, [stream_key(prefix, tagged_for(redis))], [GROUP, *names])
     return [text(n) for n in res]
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from magpie.stats.keys import GROUP, dead_key, stream_key
+from magpie.stats.keys import GROUP, dead_key, stream_key, tagged_for
 
 
 @dataclass
@@ -43,7 +43,7 @@ def stream_results(r, prefix: str) -> list[Result]:
     out = []
     last = "-"
     while True:
-        rows = r.xrange(stream_key(prefix), min=last, max="+", count=5000)
+        rows = r.xrange(stream_key(prefix, tagged_for(r)), min=last, max="+", count=5000)
         if last != "-":
             rows = rows[1:]
         if not rows:
@@ -59,7 +59,7 @@ def stream_results(r, prefix: str) -> list[Result]:
 def wait_drained(r, prefix: str, timeout: float = 60.0) -> bool:
     """Wait until the stats consumer group has read every entry and acknowledged all of them; True when
     drained within ``timeout`` seconds."""
-    key = stream_key(prefix)
+    key = stream_key(prefix, tagged_for(r))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -113,7 +113,7 @@ def result_accounting(stack, interval_ms: float, since_ms: int = 0) -> dict[str,
         "stored": len(stored & published),
         "results_lost": len(published - stored),
         "duplicated": (len(ids) - len(stored)) + double_completions(results, interval_ms, since_ms),
-        "stats_dead_lettered": int(stack.r.xlen(dead_key(prefix))),
+        "stats_dead_lettered": int(stack.r.xlen(dead_key(prefix, tagged_for(stack.r)))),
         "drained": int(drained),
     }
 
