@@ -148,3 +148,29 @@ def delete_many(client, keys: Sequence, batch: int = 500) -> int:
     for i in range(0, len(keys), batch):
         n += int(client.delete(*keys[i:i + batch]))
     return n
+
+
+def load_scripts(client, scripts) -> None:
+    """Before a cluster pipeline runs ``scripts`` (``redis.commands.core.Script`` objects): ``SCRIPT LOAD``
+    each on every primary, again whenever the set of primaries changed (a failover promotes a replica
+    without the scripts; redis-py's cluster pipelines do not load them as plain pipelines do). No-op on
+    one Redis server. Raises ``redis.RedisError`` when a primary is unreachable."""
+    if not isinstance(client, redis.RedisCluster):
+        return
+    primaries = frozenset(n.name for n in client.get_primaries())
+    loaded = client.__dict__.setdefault("_magpie_scripts_on", {})
+    for s in scripts:
+        if loaded.get(s.sha) != primaries:
+            client.script_load(s.script)
+            loaded[s.sha] = primaries
+
+
+def server_time(client, key: str | None = None) -> tuple[int, int]:
+    """``TIME`` as ``(seconds, microseconds)``; on a cluster asked of the primary serving ``key`` (the clock
+    a script on that key sees), a random node without one. Raises ``redis.RedisError``."""
+    if isinstance(client, redis.RedisCluster):
+        node = client.get_node_from_key(key) if key is not None else client.get_random_node()
+        sec, usec = client.time(target_nodes=node)
+    else:
+        sec, usec = client.time()
+    return int(sec), int(usec)

@@ -248,6 +248,7 @@ class RouteQueue:
         """
         if not leases:
             return []
+        redisconn.load_scripts(self.r, [self.scripts.renew])
         pipe = self.r.pipeline(transaction=False)
         ms = int(lease_ms or self.lease_ms)
         for le in leases:
@@ -412,6 +413,7 @@ class RouteQueue:
         step = self.interval_ms / total
         k = self.keys
         counts = {"new": 0, "merged": 0, "unchanged": 0}
+        redisconn.load_scripts(self.r, [self.scripts.schedule])
         pipe = self.r.pipeline(transaction=False)
         for off in range(0, len(items), batch):
             chunk = items[off: off + batch]

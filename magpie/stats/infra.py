@@ -19,6 +19,7 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats import scripts
+from magpie.redisconn import server_time
 from magpie.stats.keys import infra_key, tagged_for, text
 
 DEFAULT_BACKOFF_S = 1.0
@@ -85,8 +86,13 @@ def read_state(redis: redis_lib.Redis, prefix: str) -> dict | None:
     Raises:
         redis.RedisError: Redis unavailable.
     """
+    tagged = tagged_for(redis)
+    if tagged:  # a cluster pipeline refuses TIME
+        key = infra_key(prefix, tagged)
+        raw, (sec, usec) = redis.hgetall(key), server_time(redis, key)
+        return state_from(raw, sec * 1000 + usec // 1000)
     pipe = redis.pipeline(transaction=False)
-    pipe.hgetall(infra_key(prefix, tagged_for(redis)))
+    pipe.hgetall(infra_key(prefix, tagged))
     pipe.time()
     raw, (sec, usec) = pipe.execute()
     return state_from(raw, int(sec) * 1000 + int(usec) // 1000)

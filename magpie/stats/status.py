@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats.infra import state_from
+from magpie.redisconn import server_time
 from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, tagged_for, text
 
 
@@ -25,13 +26,16 @@ def pending_summary(redis: redis_lib.Redis, prefix: str) -> dict:
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    key = stream_key(prefix, tagged_for(redis))
+    tagged = tagged_for(redis)
+    key = stream_key(prefix, tagged)
     pipe = redis.pipeline(transaction=False)
     pipe.xlen(key)
-    pipe.xlen(dead_key(prefix, tagged_for(redis)))
-    pipe.hgetall(infra_key(prefix, tagged_for(redis)))
-    pipe.time()
-    length, dead, raw_infra, (sec, usec) = pipe.execute()
+    pipe.xlen(dead_key(prefix, tagged))
+    pipe.hgetall(infra_key(prefix, tagged))
+    if not tagged:
+        pipe.time()  # a cluster pipeline refuses TIME: asked apart below
+    length, dead, raw_infra, *rest = pipe.execute()
+    sec, usec = rest[0] if rest else server_time(redis, key)
     out = {
         "stream": key,
         "length": int(length),
