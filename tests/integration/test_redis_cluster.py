@@ -147,3 +147,21 @@ def test_a_cluster_url_without_a_broker_url_is_refused(redis_cluster, monkeypatc
         load_settings(redis_url=redis_cluster.url.replace("://", "://u:hunter2pass@", 1))
     assert "MAGPIE_BROKER_URL" in str(err.value) and "hunter2pass" not in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_payload_migration_scans_the_cluster(redis_cluster, cluster_client, cluster_prefix):
+    from magpie.queue.migrate import migrate_payloads
+    from magpie.queue.payload import Payload, read_cipher
+
+    s = cluster_settings(redis_cluster, cluster_prefix)
+    q = RouteQueue.from_settings(s, cluster_client)
+    items = []
+    for i in range(7):
+        h = f"{i:024x}"
+        items.append((h, Payload(i, Route("socks5", "127.0.0.1", 3000 + i, f"user{i}", f"pw-{i}-secret"), h,
+                                 [1]).encode()))
+    q.schedule(items)
+    counts = migrate_payloads(q, read_cipher(s), encrypt=True, batch=3)
+    assert counts["scanned"] == 7 and counts["changed"] == 7
+    assert all("secret" not in q.payload(h) for h, _ in items)
+    assert migrate_payloads(q, read_cipher(s), encrypt=True, batch=3)["changed"] == 0
