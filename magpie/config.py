@@ -85,6 +85,8 @@ class ScheduleSettings:
     dead_after: int = 0
     dead_factor: int = 1
     priority_share: float = 0.0
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +134,13 @@ class Settings(BaseSettings):
     ``rediss://`` or ``unix://``; a Redis Cluster as ``redis+cluster://host:port[,host:port...]/`` or
     ``rediss+cluster://``, which then needs ``MAGPIE_BROKER_URL`` set); run it with
     ``maxmemory-policy noeviction``."""
+    redis_wait_replicas: int = Field(0, alias="MAGPIE_REDIS_WAIT_REPLICAS", ge=0, le=16)
+    """After each claim and completion of the Redis schedule, ``WAIT`` for this many replicas to confirm
+    the write (0: off). Narrows what a failover can lose (docs/operations.md, "Redis Cluster"); costs one
+    replica round trip per claim and completion call. A confirmation that falls short is counted, not
+    refused."""
+    redis_wait_timeout_ms: int = Field(100, alias="MAGPIE_REDIS_WAIT_TIMEOUT_MS", ge=1, le=60_000)
+    """Most ms one ``WAIT`` (``MAGPIE_REDIS_WAIT_REPLICAS``) blocks the claim or completion that asked."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
     ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``."""
@@ -749,7 +758,7 @@ class Settings(BaseSettings):
             self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
             int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
             self.pop_batch, self.routes_per_task, self.dead_backoff_after, self.dead_backoff_factor,
-            self.priority_share)
+            self.priority_share, self.redis_wait_replicas, self.redis_wait_timeout_ms)
 
     @property
     def checks(self) -> CheckSettings:

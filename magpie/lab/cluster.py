@@ -211,6 +211,42 @@ class LocalCluster:
         wait_for(promoted, timeout, f"a replica of {old} to serve slot {slot}", interval=0.02)
         return old, self.master_port_of(slot), time.monotonic() - t0
 
+    def freeze(self, port: int) -> None:
+        """SIGSTOP the node on ``port`` (a replica frozen so stops receiving its master's writes)."""
+        os.kill(self.node(port).proc.pid, signal.SIGSTOP)
+
+    def thaw(self, port: int) -> None:
+        """SIGCONT the node on ``port``."""
+        os.kill(self.node(port).proc.pid, signal.SIGCONT)
+
+    def cut_replication(self, master_port: int, timeout: float = 10.0) -> None:
+        """Close the master's links to its replicas (``CLIENT KILL TYPE replica``) and wait until it counts
+        none: with its replicas frozen first (:meth:`freeze`), what the master acknowledges from here on
+        exists on the master alone, a failover loses it for certain."""
+        m = self.node(master_port).client()
+        m.execute_command("CLIENT KILL TYPE replica")
+        wait_for(lambda: int(m.info("replication")["connected_slaves"]) == 0, timeout,
+                 f"master {master_port} to drop its replicas")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL the node on ``port`` and reap it."""
+        n = self.node(port)
+        n.proc.kill()
+        n.proc.wait()
+        n.killed = True
+
+    def wait_served_by(self, slot: int, ports: list[int], timeout: float = 30.0) -> int:
+        """Wait until one of ``ports`` serves ``slot`` and the live nodes agree; returns that port."""
+        wait_for(lambda: self.state_ok() and self.master_port_of(slot) in ports, timeout,
+                 f"one of {ports} to serve slot {slot}", interval=0.02)
+        return self.master_port_of(slot)
+
+    def replication_caught_up(self, master_port: int) -> bool:
+        """True when every live replica of ``master_port`` has its master's replication offset."""
+        want = int(self.node(master_port).client().info("replication")["master_repl_offset"])
+        return all(int(self.node(p).client().info("replication").get("slave_repl_offset", -1)) >= want
+                   for p in self.replicas_of(master_port))
+
     def restart(self, port: int, timeout: float = 30.0) -> None:
         """Start a killed node again (it rejoins from its nodes.conf as a replica) and wait for ok."""
         n = self.node(port)

@@ -92,6 +92,10 @@ class RouteQueue:
         self._unmark = client.register_script(_UNMARK)  # deletes only: runs on a full Redis (allow-oom)
         self._core = keys.core()
         self.last_pop = {"paused": False, "dead_lettered": 0, "allowed": 0}
+        self.wait_replicas = 0  # MAGPIE_REDIS_WAIT_REPLICAS: WAIT after claims and completions (see _durable)
+        self.wait_timeout_ms = 100
+        self.wait_short = 0
+        self.last_wait: int | None = None
 
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
@@ -103,6 +107,7 @@ class RouteQueue:
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,
                 priority_share=sched.priority_share)
+        q.wait_replicas, q.wait_timeout_ms = sched.wait_replicas, sched.wait_timeout_ms
         q.check_layout()
         return q
 
@@ -166,6 +171,38 @@ class RouteQueue:
     def _now(self) -> int:
         return int(self.clock()) if self.clock else 0
 
+    def _durable(self, script, keys: list, args: list):
+        """Run a claim or completion script; with :attr:`wait_replicas` > 0 follow it by ``WAIT
+        <wait_replicas> <wait_timeout_ms>`` on the same connection (one round trip, a pipeline on the
+        master serving the schedule's slot). :attr:`last_wait` is then the replicas that confirmed the
+        write (short of ``wait_replicas``: the write may be lost by a failover; :attr:`wait_short` counts
+        such calls), None when no WAIT ran (off, or the slot was moving: the call went the cluster's way).
+        Raises what the script raises."""
+        self.last_wait = None
+        if self.wait_replicas <= 0:
+            return script(keys=keys, args=args)
+        r = self.r
+        if redisconn.is_cluster(r):
+            r = r.get_node_from_key(keys[0]).redis_connection  # that master alone, one connection
+        for attempt in (0, 1):
+            pipe = r.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)  # no SCRIPT EXISTS round trip
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            try:
+                raw, acked = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                r.script_load(script.script)  # NOSCRIPT: nothing ran; load it and send again
+            except (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
+                    redis.exceptions.ClusterDownError):
+                return script(keys=keys, args=args)  # the slot moves: nothing ran there; redis-py follows
+        self.last_wait = int(acked)
+        if self.last_wait < self.wait_replicas:
+            self.wait_short += 1
+        return raw
+
     def _one(self, script, shard: str, args: list, client=None):
         return script(keys=self._core + [shard], args=args, client=client)
 
@@ -179,7 +216,7 @@ class RouteQueue:
         """
         k = self.keys
         before = time.time() * 1000
-        raw = self.scripts.pop(keys=self._core, args=[
+        raw = self._durable(self.scripts.pop, self._core, [
             self._now(), int(count), int(lease_ms or self.lease_ms), k.payload_prefix, int(max_inflight),
             self.max_stalled, repr(self.priority_share), k.shard(0)[:-1], k.shards])
         after = time.time() * 1000
@@ -334,7 +371,7 @@ class RouteQueue:
                 for key, v in fields.items():
                     args += [key, v]
         keys = self._core + ([stream.key] if stream else []) + [le.shard for le in leases]
-        raw = self.scripts.complete(keys=keys, args=args)
+        raw = self._durable(self.scripts.complete, keys, args)
         n = len(leases)
         out = Completion(dropped=int(raw[0]), trimmed=int(raw[1]), full=bool(int(raw[2])))
         if out.full:
