@@ -27,6 +27,12 @@ PLAIN_SCHEMES = ("redis", "rediss", "unix")
 """URL schemes naming one Redis server."""
 
 
+CLUSTER_REQUEST_TTL = 64
+"""Redirections (MOVED/ASK) and TRYAGAIN replies a cluster command follows before ``ClusterError("TTL
+exhausted")``; past the first half they are 50 ms apart, so 64 waits out about 1.6 s of a slot migration
+whose keys are split between two nodes (multi-key scripts get TRYAGAIN then)."""
+
+
 class RedisUrlError(MagpieError, ValueError):
     """A Redis URL magpie cannot use; the message says what is wrong and never quotes the URL."""
 
@@ -119,7 +125,11 @@ def connect(url: str, **kw) -> redis.Redis | redis.RedisCluster:
     nodes, opts = cluster_nodes(url)
     kw = {**opts, **kw}
     kw.pop("db", None)
-    return redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
+    client = redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
+    # redirections and TRYAGAIN replies one command follows before giving up (redis-py: 16, of which
+    # the second half 50 ms apart: ~0.4 s of a half-moved slot); 64 rides out ~1.6 s of a slot migration
+    client.RedisClusterRequestTTL = CLUSTER_REQUEST_TTL
+    return client
 
 
 def is_cluster(client) -> bool:
@@ -174,3 +184,12 @@ def server_time(client, key: str | None = None) -> tuple[int, int]:
     else:
         sec, usec = client.time()
     return int(sec), int(usec)
+
+
+def refresh_slots(client) -> None:
+    """Make a cluster client learn the slot map again (after a call that went to one node directly failed
+    to connect: a failover). Errors are swallowed: the next command through the client retries."""
+    try:
+        client.nodes_manager.initialize()
+    except Exception:  # noqa: BLE001 - best effort; the cluster client refreshes on its next error too
+        pass

@@ -258,12 +258,14 @@ class LocalCluster:
         """Ports of the live masters that own slots."""
         return sorted({p for _, _, p in self._slot_owners(self.live()[0])})
 
-    def migrate_slot(self, slot: int, target_port: int, batch: int = 100, timeout_ms: int = 5000) -> int:
+    def migrate_slot(self, slot: int, target_port: int, batch: int = 100, timeout_ms: int = 5000,
+                     pause_s: float = 0.0) -> int:
         """Move ``slot`` with its keys to the master on ``target_port`` (no-op when it already serves it).
 
         The standard sequence: ``SETSLOT IMPORTING`` on the target, ``SETSLOT MIGRATING`` on the source,
         ``MIGRATE`` of every key (``GETKEYSINSLOT`` batches of ``batch``), then ``SETSLOT NODE`` on the
-        target, the source and every other master. Returns how many keys moved.
+        target, the source and every other master; ``pause_s`` seconds between two batches keep the
+        slot half moved for a while (clients meet ASK and TRYAGAIN). Returns how many keys moved.
         """
         source_port = self.master_port_of(slot)
         if source_port == target_port:
@@ -279,6 +281,8 @@ class LocalCluster:
                 break
             src.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, timeout_ms, "REPLACE", "KEYS", *keys)
             moved += len(keys)
+            if pause_s:
+                time.sleep(pause_s)  # a half-moved slot on purpose (tests), not a wait for a condition
         dst.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
         src.execute_command("CLUSTER SETSLOT", slot, "NODE", dst_id)
         for p in self.masters_ports():

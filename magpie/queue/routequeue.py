@@ -184,6 +184,14 @@ class RouteQueue:
         r = self.r
         if redisconn.is_cluster(r):
             r = r.get_node_from_key(keys[0]).redis_connection  # that master alone, one connection
+        try:
+            return self._wait_after(r, script, keys, args)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if redisconn.is_cluster(self.r):  # that master may be gone: learn the slot map again
+                redisconn.refresh_slots(self.r)
+            raise  # the script may have run: the caller retries as after any lost reply
+
+    def _wait_after(self, r, script, keys: list, args: list):
         for attempt in (0, 1):
             pipe = r.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)  # no SCRIPT EXISTS round trip
