@@ -36,6 +36,10 @@ def eviction_policy(client) -> str | None:
     """
     import redis
 
+    if redisconn.is_cluster(client):  # every primary holds schedule keys: the worst policy among them
+        found = [eviction_policy(n.redis_connection) for n in client.get_primaries()]
+        unsafe = [p for p in found if p is not None and p != SAFE_POLICY]
+        return unsafe[0] if unsafe else (SAFE_POLICY if SAFE_POLICY in found else None)
     try:
         reply = client.config_get("maxmemory-policy")
     except redis.ResponseError:

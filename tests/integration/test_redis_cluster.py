@@ -165,3 +165,15 @@ def test_payload_migration_scans_the_cluster(redis_cluster, cluster_client, clus
     assert counts["scanned"] == 7 and counts["changed"] == 7
     assert all("secret" not in q.payload(h) for h, _ in items)
     assert migrate_payloads(q, read_cipher(s), encrypt=True, batch=3)["changed"] == 0
+
+
+def test_eviction_policy_is_checked_on_every_primary(redis_cluster, cluster_client):
+    from magpie.redis_policy import eviction_policy
+
+    assert eviction_policy(cluster_client) == "noeviction"
+    last = redis_cluster.node(redis_cluster.masters_ports()[-1]).client()
+    last.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        assert eviction_policy(cluster_client) == "allkeys-lru"
+    finally:
+        last.config_set("maxmemory-policy", "noeviction")
