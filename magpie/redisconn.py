@@ -37,6 +37,11 @@ class RedisUrlError(MagpieError, ValueError):
     """A Redis URL magpie cannot use; the message says what is wrong and never quotes the URL."""
 
 
+class ClusterUnreachable(redis.ConnectionError):
+    """No startup node of a Redis Cluster answered while the client was being built (a cluster client
+    learns the slot map at construction, unlike a plain client, which connects on its first command)."""
+
+
 def scheme_of(url: str) -> str:
     """The URL's scheme in lower case (``""`` when there is none)."""
     scheme, sep, _ = str(url).partition("://")
@@ -113,8 +118,8 @@ def connect(url: str, **kw) -> redis.Redis | redis.RedisCluster:
             ``socket_connect_timeout`` s, ``health_check_interval`` s, ...).
 
     Returns a :class:`redis.Redis` or a :class:`redis.RedisCluster`. Building a cluster client connects
-    to a startup node to learn the slot map; raises :class:`redis.exceptions.RedisClusterException` or
-    :class:`redis.ConnectionError` when none answers, :class:`RedisUrlError` for a malformed URL.
+    to a startup node to learn the slot map; raises :class:`ClusterUnreachable` (a
+    :class:`redis.ConnectionError`) when none answers, :class:`RedisUrlError` for a malformed URL.
     """
     if not is_cluster_url(url):
         if scheme_of(url) not in PLAIN_SCHEMES:
@@ -125,7 +130,12 @@ def connect(url: str, **kw) -> redis.Redis | redis.RedisCluster:
     nodes, opts = cluster_nodes(url)
     kw = {**opts, **kw}
     kw.pop("db", None)
-    client = redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
+    try:
+        client = redis.RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes], **kw)
+    except redis.exceptions.RedisClusterException as exc:  # not a RedisError: callers catch those
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ClusterUnreachable(f"no startup node of the Redis Cluster answered ({len(nodes)} listed): {first}") \
+            from None
     # redirections and TRYAGAIN replies one command follows before giving up (redis-py: 16, of which
     # the second half 50 ms apart: ~0.4 s of a half-moved slot); 64 rides out ~1.6 s of a slot migration
     client.RedisClusterRequestTTL = CLUSTER_REQUEST_TTL

@@ -59,3 +59,10 @@ def test_stats_keys_are_todays_on_one_server():
     assert (stream_key("m:"), dead_key("m:"), infra_key("m:")) == ("m:stats:results", "m:stats:dead", "m:stats:infra")
     assert stream_key("m:", True) == "m:{default}:stats:results"
     assert not tagged_for(redis.Redis())
+
+
+def test_an_unreachable_cluster_is_a_connection_error_naming_no_password():
+    with pytest.raises(redis.ConnectionError) as err:
+        redisconn.connect("redis+cluster://u:topsecret1@127.0.0.1:1/", socket_connect_timeout=0.5)
+    assert isinstance(err.value, redisconn.ClusterUnreachable) and "topsecret1" not in str(err.value)
+    assert "\n" not in str(err.value)
