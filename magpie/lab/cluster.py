@@ -105,7 +105,8 @@ class LocalCluster:
             [self.exe, "--port", str(node.port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
              "--cluster-config-file", os.path.join(self.dir, f"nodes-{node.port}.conf"),
              "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--protected-mode", "no", "--logfile", os.path.join(self.dir, f"log-{node.port}.txt")],
+             "--dir", self.dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",  # replicas sync at once
+             "--logfile", os.path.join(self.dir, f"log-{node.port}.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         node.killed = False
 
