@@ -177,3 +177,34 @@ def test_eviction_policy_is_checked_on_every_primary(redis_cluster, cluster_clie
         assert eviction_policy(cluster_client) == "allkeys-lru"
     finally:
         last.config_set("maxmemory-policy", "noeviction")
+
+
+def test_the_cli_runs_on_a_cluster(redis_cluster, cluster_prefix, pg_url, db, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from magpie.cli import main
+    from magpie.config import get_settings
+    from tests.conftest import REDIS_URL
+
+    for k, v in {"MAGPIE_REDIS_URL": redis_cluster.url, "MAGPIE_BROKER_URL": REDIS_URL,
+                 "MAGPIE_REDIS_PREFIX": cluster_prefix, "MAGPIE_DATABASE_URL": pg_url,
+                 "PROXY_ENCRYPTION_KEY": KEY}.items():
+        monkeypatch.setenv(k, v)
+    get_settings.cache_clear()
+    lst = tmp_path / "l.txt"
+    lst.write_text("127.0.0.1:8080\n127.0.0.2:8080\n")
+    try:
+        def run(*args):
+            res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+            assert res.exit_code == 0, res.output
+            return res.output
+
+        assert "2" in run("import", str(lst), "--workspace", "cli")
+        assert run("queue", "claim")
+        out = run("status")
+        assert "leased" in out.lower()
+        assert run("stats", "status")
+        run("queue", "pause")
+        run("queue", "resume")
+    finally:
+        get_settings.cache_clear()
