@@ -208,3 +208,16 @@ def test_the_cli_runs_on_a_cluster(redis_cluster, cluster_prefix, pg_url, db, tm
         run("queue", "resume")
     finally:
         get_settings.cache_clear()
+
+
+def test_a_metrics_scrape_reads_the_cluster(redis_cluster, cluster_client, cluster_prefix, pg_url, db):
+    from prometheus_client import generate_latest
+
+    from magpie.metrics import build_registry
+
+    s = cluster_settings(redis_cluster, cluster_prefix, database_url=pg_url)
+    q = RouteQueue.from_settings(s, cluster_client)
+    q.schedule([(f"{i:024x}", '{"v":1}') for i in range(3)])
+    text = generate_latest(build_registry(s, redis=cluster_client, engine=db)).decode()
+    assert 'magpie_exporter_source_up{source="redis"} 1.0' in text  # every Redis read of the scrape worked
+    assert 'magpie_leader_job_active{lock="respread"}' in text
