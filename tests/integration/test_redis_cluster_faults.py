@@ -244,8 +244,11 @@ def test_failover_mid_run_measured(fault_cluster, prefix, wait):
     lost_confirmed = [i for i in lost if loop.acked[i]]
     per_lease = Counter((f[b"route_hash"], f[b"n"]) for _, f in q.r.xrange(stream_key(prefix, True)))
     print(f"\nfailover mid-run (WAIT {wait}): {failover_s:.1f} s to promotion; {len(loop.acked)} results "
-          f"acknowledged, {len(lost)} lost ({len(lost_confirmed)} of them WAIT-confirmed); "
+          f"acknowledged ({sum(loop.acked.values())} WAIT-confirmed), {len(lost)} lost ({len(lost_confirmed)} of "
+          f"them WAIT-confirmed); "
           f"{loop.refused} completions refused by fencing; errors retried {sum(loop.errors.values())}")
     assert all(n == 1 for n in per_lease.values())  # no lease completed twice
     assert not lost_confirmed
+    if wait:
+        assert sum(loop.acked.values()) > 0.9 * len(loop.acked)  # WAIT ran, and the replica confirmed
     c.restart(old)
