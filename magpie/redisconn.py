@@ -8,8 +8,10 @@
 
 :func:`connect` builds the client, :func:`is_cluster` tells the two apart, :func:`mget` and
 :func:`delete_many` are the multi-key reads and deletes that work on both (on a cluster the keys are split
-by slot; such a call is then not atomic across slots). No message here ever quotes a URL: it may hold a
-password.
+by slot; such a call is then not atomic across slots), :func:`load_scripts` loads Lua scripts on every
+primary before a cluster pipeline runs them, :func:`server_time` is ``TIME`` (a cluster pipeline refuses
+it), :func:`refresh_slots` makes a cluster client learn the slot map again. No message here ever quotes a
+URL: it may hold a password.
 """
 
 from __future__ import annotations
