@@ -39,7 +39,7 @@ class RedisUrlError(MagpieError, ValueError):
     """A Redis URL magpie cannot use; the message says what is wrong and never quotes the URL."""
 
 
-class ClusterUnreachable(redis.ConnectionError):
+class ClusterUnreachable(MagpieError, redis.ConnectionError):
     """No startup node of a Redis Cluster answered while the client was being built (a cluster client
     learns the slot map at construction, unlike a plain client, which connects on its first command)."""
 

@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 
 import redis
 
+from magpie.errors import MagpieError
 
-class ClusterError(RuntimeError):
+
+class ClusterError(MagpieError, RuntimeError):
     """The local cluster could not be started or did not reach the state asked for in time."""
 
 
