@@ -13,6 +13,8 @@ module so each script's wrapper stands beside the others; reads live in :mod:`ma
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -27,6 +29,8 @@ from magpie.queue.lease import Lease
 from magpie.queue.lease import text as _s
 from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueError, is_refusal, refusal
 from magpie.queue.scripts import Scripts
+
+log = logging.getLogger(__name__)
 
 
 _MARK = """
@@ -96,6 +100,7 @@ class RouteQueue:
         self.wait_timeout_ms = 100
         self.wait_short = 0
         self.last_wait: int | None = None
+        self._wait_warned = -math.inf
 
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
@@ -209,6 +214,12 @@ class RouteQueue:
         self.last_wait = int(acked)
         if self.last_wait < self.wait_replicas:
             self.wait_short += 1
+            now = time.monotonic()
+            if now - self._wait_warned >= 60:  # at most one line a minute per process
+                self._wait_warned = now
+                log.warning("WAIT %d: only %d replica(s) confirmed a claim or completion within %d ms (%d such "
+                            "calls so far); a failover now may lose it", self.wait_replicas, self.last_wait,
+                            self.wait_timeout_ms, self.wait_short)
         return raw
 
     def _one(self, script, shard: str, args: list, client=None):

@@ -221,3 +221,21 @@ def test_a_metrics_scrape_reads_the_cluster(redis_cluster, cluster_client, clust
     text = generate_latest(build_registry(s, redis=cluster_client, engine=db)).decode()
     assert 'magpie_exporter_source_up{source="redis"} 1.0' in text  # every Redis read of the scrape worked
     assert 'magpie_leader_job_active{lock="respread"}' in text
+
+
+def test_wait_on_a_server_without_replicas_falls_short_and_says_so(redis_client, redis_prefix, caplog):
+    """``MAGPIE_REDIS_WAIT_REPLICAS`` works on one server too; with no replica every WAIT falls short:
+    the claim and completion still happen, the shortfall is counted and logged (once a minute)."""
+    q = RouteQueue(redis_client, QueueKeys(redis_prefix, 2), interval_ms=60_000, lease_ms=30_000)
+    q.wait_replicas, q.wait_timeout_ms = 1, 20
+    q.schedule([(f"{i:024x}", '{"v":1}') for i in range(3)])
+    for shard in q.keys.all_shards():
+        for m in redis_client.zrange(shard, 0, -1):
+            redis_client.zadd(shard, {m: 1000})
+        redis_client.zadd(q.keys.heads, {shard: 1000})
+    with caplog.at_level("WARNING", logger="magpie.queue.routequeue"):
+        leases = q.pop(3)
+        assert len(leases) == 3 and q.last_wait == 0
+        assert q.complete(leases) == [COMPLETED] * 3 and q.last_wait == 0
+    assert q.wait_short == 2
+    assert sum("only 0 replica(s) confirmed" in r.getMessage() for r in caplog.records) == 1
