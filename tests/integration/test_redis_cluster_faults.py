@@ -236,6 +236,7 @@ def test_failover_mid_run_measured(fault_cluster, prefix, wait):
     slot = key_slot(q.keys.heads)
     with Loop(q, target) as loop:
         wait_until(lambda: loop.cycles >= 50, timeout=30, what="the loop to run")
+        pre = dict(loop.acked)  # acknowledged while the master still had its replica
         old, new, failover_s = c.kill_master_of(slot, timeout=60)
         before = loop.cycles
         wait_until(lambda: loop.cycles > before + 20, timeout=60, what="the loop to go on after the failover")
@@ -249,6 +250,8 @@ def test_failover_mid_run_measured(fault_cluster, prefix, wait):
           f"{loop.refused} completions refused by fencing; errors retried {sum(loop.errors.values())}")
     assert all(n == 1 for n in per_lease.values())  # no lease completed twice
     assert not lost_confirmed
-    if wait:
-        assert sum(loop.acked.values()) > 0.9 * len(loop.acked)  # WAIT ran, and the replica confirmed
+    if wait:  # WAIT ran and the replica confirmed; after the failover the new master has no replica (the
+        # old master is down), so every WAIT falls short until it rejoins: counted and logged, not refused
+        assert pre and sum(pre.values()) >= 0.99 * len(pre)
+        assert q.wait_short > 0
     c.restart(old)
