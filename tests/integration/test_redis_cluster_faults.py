@@ -198,12 +198,14 @@ class Loop:
         self.t.join(30)
 
 
-@pytest.mark.parametrize("rounds, batch", [(1, 100), (12, 3)], ids=["one-migration", "storm"])
-def test_slot_migration_while_workers_run_loses_and_doubles_nothing(fault_cluster, prefix, rounds, batch):
+@pytest.mark.parametrize("rounds, batch, wait", [(1, 100, 0), (12, 3, 0), (12, 3, 1)],
+                         ids=["one-migration", "storm", "storm-wait-1"])
+def test_slot_migration_while_workers_run_loses_and_doubles_nothing(fault_cluster, prefix, rounds, batch, wait):
     """``batch``: keys per MIGRATE; 3 keeps the schedule's keys split between two nodes for a while, so
     the loop's scripts meet ASK and TRYAGAIN."""
     c = fault_cluster
     q = fresh_queue(c, prefix, 60, interval_ms=1)  # due again at once: every route cycles all along
+    q.wait_replicas = wait  # with WAIT the calls go to the slot's master directly: MOVED/ASK fall back
     target = StreamTarget(stream_key(prefix, True), GROUP, 1_000_000)
     slot = key_slot(q.keys.heads)
     moved = 0
