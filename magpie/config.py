@@ -88,6 +88,8 @@ class ScheduleSettings:
     dead_factor: int = 1
     priority_share: float = 0.0
     partitions: int = 1
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +134,16 @@ class Settings(BaseSettings):
     """SQLAlchemy URL of the PostgreSQL database (results, routes, jobs); ``postgresql://`` only."""
     redis_url: str = Field("redis://127.0.0.1:6379/0", alias="MAGPIE_REDIS_URL")
     """Redis holding the route schedule, leader locks, counters and the results stream (``redis://``,
-    ``rediss://`` or ``unix://``); run it with ``maxmemory-policy noeviction``."""
+    ``rediss://`` or ``unix://``; a Redis Cluster as ``redis+cluster://host:port[,host:port...]/`` or
+    ``rediss+cluster://``, which then needs ``MAGPIE_BROKER_URL`` set); run it with
+    ``maxmemory-policy noeviction``."""
+    redis_wait_replicas: int = Field(0, alias="MAGPIE_REDIS_WAIT_REPLICAS", ge=0, le=16)
+    """After each claim and completion of the Redis schedule, ``WAIT`` for this many replicas to confirm
+    the write (0: off). Narrows what a failover can lose (docs/operations.md, "Redis Cluster"); costs one
+    replica round trip per claim and completion call. A confirmation that falls short is counted, not
+    refused."""
+    redis_wait_timeout_ms: int = Field(100, alias="MAGPIE_REDIS_WAIT_TIMEOUT_MS", ge=1, le=60_000)
+    """Most ms one ``WAIT`` (``MAGPIE_REDIS_WAIT_REPLICAS``) blocks the claim or completion that asked."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")
     """Celery broker: ``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``, ``amqp://``,
     ``amqps://`` or ``pyamqp://`` (``memory://`` for tests); several failover URLs separated by ``;``.
@@ -744,9 +755,9 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str) -> str:
-        if not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("must be a redis://, rediss:// or unix:// URL")
-        problem = redis_db_problem(v)
+        from magpie.redisconn import url_problem
+
+        problem = url_problem(v) or redis_db_problem(v)
         if problem:
             raise ValueError(problem)
         return v
@@ -758,7 +769,7 @@ class Settings(BaseSettings):
             self.redis_url, self.redis_prefix, self.queue_shards, int(self.check_interval * 1000),
             int(self.lease_seconds * 1000), self.max_stalled, self.max_inflight, self.promote_budget,
             self.pop_batch, self.routes_per_task, self.dead_backoff_after, self.dead_backoff_factor,
-            self.priority_share, self.schedule_partitions)
+            self.priority_share, self.schedule_partitions, self.redis_wait_replicas, self.redis_wait_timeout_ms)
 
     @property
     def checks(self) -> CheckSettings:
@@ -805,9 +816,26 @@ class Settings(BaseSettings):
         return self
 
     @property
+    def redis_cluster(self) -> bool:
+        """True when ``MAGPIE_REDIS_URL`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``):
+        the results streams then carry their partition's hash tag (:mod:`magpie.queue.partitions`)."""
+        from magpie.redisconn import is_cluster_url
+
+        return is_cluster_url(self.redis_url)
+
+    @property
     def broker_is_amqp(self) -> bool:
         """True when ``MAGPIE_BROKER_URL`` (its first URL) is RabbitMQ: ``amqp://``, ``amqps://``, ``pyamqp://``."""
         return self.broker_url.strip().split("://", 1)[0].lower() in AMQP_SCHEMES
+
+    @model_validator(mode="after")
+    def _broker_beside_cluster(self) -> "Settings":
+        from magpie.redisconn import is_cluster_url
+
+        if is_cluster_url(self.redis_url) and "broker_url" not in self.model_fields_set:
+            raise ValueError("MAGPIE_REDIS_URL names a Redis Cluster, which cannot be a Celery broker: set "
+                             "MAGPIE_BROKER_URL (a plain redis:// or amqp:// URL)")
+        return self
 
     @model_validator(mode="after")
     def _lease_fits_checks(self) -> "Settings":

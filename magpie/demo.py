@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from magpie import redisconn
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / ".demo"
@@ -90,7 +91,7 @@ def _reset(settings) -> None:
     import redis
 
     for url in {settings.redis_url, settings.broker_url}:
-        r = redis.Redis.from_url(url)
+        r = redisconn.connect(url)
         for pattern in (settings.redis_prefix + "*", "{" + settings.redis_prefix + "*"):
             batch = []
             for key in r.scan_iter(match=pattern, count=1000):

@@ -20,6 +20,7 @@ import threading
 import time
 
 from celery import signals
+from magpie import redisconn
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ def _settings():
 def _client():
     import redis
 
-    return redis.Redis.from_url(_settings().redis_url, socket_timeout=5, socket_connect_timeout=5)
+    return redisconn.connect(_settings().redis_url, socket_timeout=5, socket_connect_timeout=5)
 
 
 @signals.celeryd_init.connect(weak=False)

@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 
 import redis as redis_lib
 
+from magpie import redisconn
+
 log = logging.getLogger(__name__)
 
 _extras: dict[str, Callable[[], object]] = {}
@@ -121,7 +123,8 @@ class InstanceRegistry:
     def withdraw(self, instance_id: str) -> None:
         """Remove ``instance_id`` at once (a clean shutdown). Raises ``redis.RedisError``."""
         pipe = self.r.pipeline(transaction=False)
-        pipe.delete(_key(self.prefix, instance_id), _key(self.prefix, instance_id) + ":checks")
+        pipe.delete(_key(self.prefix, instance_id))  # one key per DEL: a cluster pipeline routes by key
+        pipe.delete(_key(self.prefix, instance_id) + ":checks")
         pipe.srem(_index(self.prefix), instance_id)
         pipe.execute()
 
@@ -131,7 +134,7 @@ class InstanceRegistry:
         ids = sorted(_text(m) for m in self.r.smembers(_index(self.prefix)))
         if not ids:
             return []
-        vals = self.r.mget([_key(self.prefix, i) for i in ids])
+        vals = redisconn.mget(self.r, [_key(self.prefix, i) for i in ids])
         live, gone = [], []
         for i, v in zip(ids, vals):
             if v is None:

@@ -40,6 +40,7 @@ from contextlib import contextmanager
 import redis
 
 from magpie.queue.scripts import LUA_DIR
+from magpie.redisconn import is_cluster
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,17 @@ QUIET_EXTRA_MS = 1000
 """Added to one renewal interval to make the quiet period after a Redis start (round trips, timeouts)."""
 
 
-def lock_key(prefix: str, name: str) -> str:
-    """Redis key of the leader lock ``name``: ``f"{prefix}leader:{name}"``."""
-    return f"{prefix}leader:{name}"
+def lock_key(prefix: str, name: str, tagged: bool = False) -> str:
+    """Redis key of the leader lock ``name``: ``f"{prefix}leader:{name}"``; on a Redis Cluster (``tagged``)
+    ``f"{prefix}leader:{{{name}}}"``, so that the lock and its generation counter share a slot (the
+    acquire script takes both)."""
+    return f"{prefix}leader:{{{name}}}" if tagged else f"{prefix}leader:{name}"
 
 
-def generation_key(prefix: str, name: str) -> str:
-    """Redis key of the generation counter of the lock ``name``: ``f"{prefix}leader:{name}:generation"``."""
-    return f"{lock_key(prefix, name)}:generation"
+def generation_key(prefix: str, name: str, tagged: bool = False) -> str:
+    """Redis key of the generation counter of the lock ``name``: ``f"{prefix}leader:{name}:generation"``
+    (tagged like :func:`lock_key`)."""
+    return f"{lock_key(prefix, name, tagged)}:generation"
 
 
 def locks_held(client: redis.Redis, prefix: str, names: Sequence[str]) -> list[bool]:
@@ -73,9 +77,10 @@ def locks_held(client: redis.Redis, prefix: str, names: Sequence[str]) -> list[b
     Raises:
         redis.RedisError: Redis unreachable.
     """
+    tagged = is_cluster(client)
     pipe = client.pipeline(transaction=False)
     for name in names:
-        pipe.exists(lock_key(prefix, name))
+        pipe.exists(lock_key(prefix, name, tagged))
     return [bool(x) for x in pipe.execute()]
 
 
@@ -89,7 +94,7 @@ def _lock_client(client: redis.Redis, timeout_s: float) -> tuple[redis.Redis, bo
     """A client on the same server without retries and with socket timeouts of at most ``timeout_s``
     (its own small pool), and whether it is new (to be closed). Pools of other kinds (Sentinel, Cluster)
     keep the caller's client."""
-    pool = client.connection_pool
+    pool = getattr(client, "connection_pool", None)  # a RedisCluster has none: it keeps the caller's client
     if type(pool) not in (redis.ConnectionPool, redis.BlockingConnectionPool):
         return client, False
     from redis.backoff import NoBackoff
@@ -126,8 +131,9 @@ class LeaderLock:
     """
 
     def __init__(self, client: redis.Redis, prefix: str, job: str, ttl_ms: int = 30_000):
-        self.key = lock_key(prefix, job)
-        self.generation_key = generation_key(prefix, job)
+        tagged = is_cluster(client)
+        self.key = lock_key(prefix, job, tagged)
+        self.generation_key = generation_key(prefix, job, tagged)
         self.job = job
         self.ttl_ms = int(ttl_ms)
         self.token = f"{os.getpid()}-{secrets.token_hex(8)}"

@@ -41,6 +41,7 @@ import redis as redis_lib
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from magpie import redisconn
 from magpie.counters import CHECK_OUTCOMES, read_counters
 from magpie.leader import STANDING_LOCKS, locks_held
 from magpie.maintenance.interval import interval_families
@@ -57,7 +58,7 @@ def _scrape_redis(settings) -> redis_lib.Redis:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    return redis_lib.Redis.from_url(
+    return redisconn.connect(
         settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0, retry=Retry(NoBackoff(), 0)
     )
 

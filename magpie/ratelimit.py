@@ -33,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis as redis_lib
 
+from magpie import redisconn
+
 log = logging.getLogger(__name__)
 
 KINDS = ("judge", "workspace", "rotator")
@@ -98,6 +100,7 @@ def take_many(client: redis_lib.Redis, requests: list[tuple[str, float, float, i
     if len(calls) == 1:  # one EVALSHA: a pipeline would add a SCRIPT EXISTS round trip
         g, w = script(keys=calls[0][0], args=calls[0][1])
         return [(int(g), int(w) / 1000.0)]
+    redisconn.load_scripts(client, [script])
     pipe = client.pipeline(transaction=False)
     for keys, args in calls:
         script(keys=keys, args=args, client=pipe)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from magpie import redisconn
 from magpie.errors import MagpieError
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,10 @@ def eviction_policy(client) -> str | None:
     """
     import redis
 
+    if redisconn.is_cluster(client):  # every primary holds schedule keys: the worst policy among them
+        found = [eviction_policy(n.redis_connection) for n in client.get_primaries()]
+        unsafe = [p for p in found if p is not None and p != SAFE_POLICY]
+        return unsafe[0] if unsafe else (SAFE_POLICY if SAFE_POLICY in found else None)
     try:
         reply = client.config_get("maxmemory-policy")
     except redis.ResponseError:
@@ -73,7 +78,7 @@ def verify_redis_policy_at_start(settings=None, *, timeout_s: float = 5.0) -> st
     from magpie.config import get_settings
 
     s = settings or get_settings()
-    client = redis.Redis.from_url(s.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    client = redisconn.connect(s.redis_url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
     try:
         try:
             policy = eviction_policy(client)

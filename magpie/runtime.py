@@ -10,6 +10,7 @@ import threading
 
 import redis
 
+from magpie import redisconn
 from magpie.config import Settings, get_settings
 
 _lock = threading.RLock()  # factories nest (route_queue -> redis_client)
@@ -37,7 +38,7 @@ def settings() -> Settings:
 
 def redis_client() -> redis.Redis:
     """redis-py client on ``MAGPIE_REDIS_URL`` (bytes replies)."""
-    return _get("redis", lambda: redis.Redis.from_url(settings().redis_url, health_check_interval=30))
+    return _get("redis", lambda: redisconn.connect(settings().redis_url, health_check_interval=30))
 
 
 def route_queue():

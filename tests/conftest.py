@@ -21,6 +21,8 @@ from magpie.egress import install_socket_guard  # noqa: E402
 
 install_socket_guard()
 REDIS_URL = os.environ.get("MAGPIE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+from private_cluster import cluster_client, cluster_prefix, fault_cluster, redis_cluster  # noqa: E402,F401
+
 PG_ADMIN_URL = os.environ.get("MAGPIE_TEST_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 
 

@@ -15,6 +15,7 @@ from functools import cached_property
 
 import click
 
+from magpie import redisconn
 from magpie.errors import MagpieError
 
 
@@ -41,7 +42,7 @@ class CliState:
         """A redis-py client on ``MAGPIE_REDIS_URL`` (bytes replies), closed when the invocation ends."""
         import redis
 
-        return redis.Redis.from_url(self.settings.redis_url, health_check_interval=30)
+        return redisconn.connect(self.settings.redis_url, health_check_interval=30)
 
     @cached_property
     def engine(self):

@@ -12,6 +12,7 @@ import logging
 import os
 
 from celery import signals
+from magpie import redisconn
 
 log = logging.getLogger(__name__)
 _started: dict[str, int | None] = {"pid": None}
@@ -30,7 +31,7 @@ def start_listener() -> bool:
 
     from magpie.enrich.geo import listen, shared
 
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redisconn.connect(settings.redis_url)
     listen(shared(settings, client), client)
     _started["pid"] = os.getpid()
     return True

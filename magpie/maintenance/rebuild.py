@@ -22,6 +22,7 @@ from collections.abc import Callable
 import redis as redis_lib
 from sqlalchemy.engine import Engine
 
+from magpie import redisconn
 from magpie.maintenance.base import Job, JobContext
 from magpie.maintenance.marker import mark_bootstrapped, marker_key, needs_rebuild, owned_routes  # noqa: F401
 
@@ -72,7 +73,7 @@ def rebuild_schedule(
 
         engine = get_engine(settings.database_url)
     if queue is None:
-        redis = redis or redis_lib.Redis.from_url(settings.redis_url)
+        redis = redis or redisconn.connect(settings.redis_url)
         queue = create_provider(settings.schedule_url, settings, redis_client=redis)
     if lock:
         from magpie.leader import LeaderLock

@@ -25,6 +25,7 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie import redisconn
 from magpie.errors import MagpieError
 from magpie.fencing import StaleLeader, fence
 from magpie.leader import LeaderLock, locks_held
@@ -134,7 +135,7 @@ def run_job(
 
         engine = get_engine(settings.database_url)
     if redis is None:
-        redis = redis_lib.Redis.from_url(settings.redis_url)
+        redis = redisconn.connect(settings.redis_url)
     out = {"job": j.name, "status": "skipped", "result": None, "error": None, "seconds": 0.0, "reason": None,
            "generation": None}
     t0 = time.monotonic()
@@ -275,7 +276,7 @@ def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis
 
         engine = get_engine(settings.database_url)
     if redis is None:
-        redis = redis_lib.Redis.from_url(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        redis = redisconn.connect(settings.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0)
     rows = {r["job"]: r for r in read_job_status(engine)}
     cadences = parse_cadences(settings.maintenance_cadences)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import redis
 
+from magpie import redisconn
 from magpie.queue.keys import QueueKeys
 
 
@@ -47,7 +48,7 @@ class CapacityRegistry:
         ids = [m.decode() if isinstance(m, bytes) else m for m in self.r.smembers(self.keys.checkers)]
         if not ids:
             return {}
-        vals = self.r.mget([self.keys.checker_prefix + i for i in ids])
+        vals = redisconn.mget(self.r, [self.keys.checker_prefix + i for i in ids])
         live, gone = {}, []
         for i, v in zip(ids, vals):
             if v is None:

@@ -29,18 +29,20 @@ class StreamTarget:
     policy: str = "evict_oldest"
 
     @classmethod
-    def from_settings(cls, settings) -> StreamTarget:
-        """The deployment's results stream: ``<prefix>stats:results``, the stats consumer group, the bound
+    def from_settings(cls, settings, tagged: bool | None = None) -> StreamTarget:
+        """The deployment's results stream: ``<prefix>stats:results`` (``<prefix>{default}:stats:results``
+        on a Redis Cluster, see :func:`magpie.stats.keys.stats_base`), the stats consumer group, the bound
         ``MAGPIE_STATS_STREAM_MAXLEN`` and the policy ``MAGPIE_STATS_OVERFLOW``. The one place the
-        stream's bound is read; ``settings`` is a :class:`magpie.config.Settings`."""
-        from magpie.queue.partitions import DEFAULT, results_stream_key
-        from magpie.stats.keys import GROUP
+        stream's bound is read; ``settings`` is a :class:`magpie.config.Settings`; ``tagged`` None: True
+        when ``MAGPIE_REDIS_URL`` names a cluster. A partitioned schedule re-aims this target at each
+        partition's own stream."""
+        from magpie.redisconn import is_cluster_url
+        from magpie.stats.keys import GROUP, stream_key
 
         st = settings.stream
-        # a Redis Cluster deployment (a ``redis_cluster`` setting) keeps the stream in the schedule's slot;
-        # a partitioned schedule re-aims this target at each partition's own stream
-        tagged = bool(getattr(settings, "redis_cluster", False))
-        return cls(results_stream_key(st.prefix, DEFAULT, tagged), GROUP, st.maxlen, st.overflow)
+        if tagged is None:
+            tagged = is_cluster_url(settings.redis_url)
+        return cls(stream_key(st.prefix, tagged), GROUP, st.maxlen, st.overflow)
 
 
 @dataclass(slots=True)

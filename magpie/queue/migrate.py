@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from magpie import redisconn
 from magpie.crypto import QueueCipher
 from magpie.queue.payload import PayloadError, PayloadKeyError, transcode
 from magpie.queue.scripts import script_text
@@ -86,17 +87,32 @@ def migrate_payloads(queue, cipher: QueueCipher, *, encrypt: bool, batch: int = 
                     again.append(member)
             if not again:
                 return
-            pending = dict(zip(again, r.mget([prefix + m for m in again])))
+            pending = dict(zip(again, redisconn.mget(r, [prefix + m for m in again])))
 
-    cursor = 0
-    match = _glob_escape(prefix) + "*"
-    while True:
-        cursor, keys = r.scan(cursor, match=match, count=int(batch))
+    for keys in _scan_batches(r, _glob_escape(prefix) + "*", int(batch)):
         if keys:
             names = [k.decode() if isinstance(k, bytes) else k for k in keys]
             counts["scanned"] += len(names)
-            rewrite(dict(zip((n[len(prefix):] for n in names), r.mget(names))))
+            rewrite(dict(zip((n[len(prefix):] for n in names), redisconn.mget(r, names))))
         if progress is not None:
             progress(dict(counts))
-        if int(cursor) == 0:
-            return counts
+    return counts
+
+
+def _scan_batches(r, match: str, batch: int):
+    """Keys matching ``match`` in lists of about ``batch``: one ``SCAN`` call per list on one server; on a
+    cluster ``scan_iter`` over every primary (redis-py's cluster ``SCAN`` answers per node)."""
+    if not redisconn.is_cluster(r):
+        cursor = 0
+        while True:
+            cursor, keys = r.scan(cursor, match=match, count=batch)
+            yield keys
+            if int(cursor) == 0:
+                return
+    buf: list = []
+    for k in r.scan_iter(match=match, count=batch):
+        buf.append(k)
+        if len(buf) >= batch:
+            yield buf
+            buf = []
+    yield buf

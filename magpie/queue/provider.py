@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
+from magpie import redisconn
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.lease import Lease
 from magpie.queue.urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
@@ -204,7 +205,7 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
         from magpie.queue.partitioned import PartitionedSchedule
         from magpie.queue.partitions import check_partition_layout
 
-        client = redis_client if redis_client is not None and url == sched.redis_url else redis.Redis.from_url(url)
+        client = redis_client if redis_client is not None and url == sched.redis_url else redisconn.connect(url)
         if int(getattr(sched, "partitions", 1) or 1) > 1 or check_partition_layout(client, sched.prefix, 1):
             return PartitionedSchedule.from_settings(sched, client)  # N > 1, or a repartition to 1 runs
         return RouteQueue.from_settings(sched, client)

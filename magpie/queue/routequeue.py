@@ -13,11 +13,14 @@ module so each script's wrapper stands beside the others; reads live in :mod:`ma
 
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import Callable, Iterable, Sequence
 
 import redis
 
+from magpie import redisconn
 from magpie.errors import Refusal
 from magpie.queue import reads
 from magpie.queue.completion import Completion, StreamTarget
@@ -26,6 +29,8 @@ from magpie.queue.lease import Lease
 from magpie.queue.lease import text as _s
 from magpie.queue.refusals import COMPLETED, GONE, LEASE_LOST, REMOVED, QueueError, is_refusal, refusal
 from magpie.queue.scripts import Scripts
+
+log = logging.getLogger(__name__)
 
 
 _MARK = """
@@ -96,6 +101,11 @@ class RouteQueue:
         self._unmark = client.register_script(_UNMARK)  # deletes only: runs on a full Redis (allow-oom)
         self._core = keys.core()
         self.last_pop = {"paused": False, "dead_lettered": 0, "allowed": 0}
+        self.wait_replicas = 0  # MAGPIE_REDIS_WAIT_REPLICAS: WAIT after claims and completions (see _durable)
+        self.wait_timeout_ms = 100
+        self.wait_short = 0
+        self.last_wait: int | None = None
+        self._wait_warned = -math.inf
 
     @classmethod
     def from_settings(cls, settings, client: redis.Redis | None = None) -> "RouteQueue":
@@ -105,7 +115,7 @@ class RouteQueue:
         (``MAGPIE_SCHEDULE_PARTITIONS`` > 1, or a repartition under way): :func:`create_provider` builds
         that one (a :class:`magpie.queue.partitioned.PartitionedSchedule`)."""
         sched = getattr(settings, "schedule", settings)
-        client = client or redis.Redis.from_url(sched.redis_url)
+        client = client or redisconn.connect(sched.redis_url)
         from magpie.queue.partitions import check_partition_layout
 
         n = int(getattr(sched, "partitions", 1) or 1)
@@ -116,6 +126,7 @@ class RouteQueue:
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,
                 priority_share=sched.priority_share)
+        q.wait_replicas, q.wait_timeout_ms = sched.wait_replicas, sched.wait_timeout_ms
         q.check_layout()
         return q
 
@@ -179,6 +190,52 @@ class RouteQueue:
     def _now(self) -> int:
         return int(self.clock()) if self.clock else 0
 
+    def _durable(self, script, keys: list, args: list):
+        """Run a claim or completion script; with :attr:`wait_replicas` > 0 follow it by ``WAIT
+        <wait_replicas> <wait_timeout_ms>`` on the same connection (one round trip, a pipeline on the
+        master serving the schedule's slot). :attr:`last_wait` is then the replicas that confirmed the
+        write (short of ``wait_replicas``: the write may be lost by a failover; :attr:`wait_short` counts
+        such calls), None when no WAIT ran (off, or the slot was moving: the call went the cluster's way).
+        Raises what the script raises."""
+        self.last_wait = None
+        if self.wait_replicas <= 0:
+            return script(keys=keys, args=args)
+        r = self.r
+        if redisconn.is_cluster(r):
+            r = r.get_node_from_key(keys[0]).redis_connection  # that master alone, one connection
+        try:
+            return self._wait_after(r, script, keys, args)
+        except (redis.ConnectionError, redis.TimeoutError):
+            if redisconn.is_cluster(self.r):  # that master may be gone: learn the slot map again
+                redisconn.refresh_slots(self.r)
+            raise  # the script may have run: the caller retries as after any lost reply
+
+    def _wait_after(self, r, script, keys: list, args: list):
+        for attempt in (0, 1):
+            pipe = r.pipeline(transaction=False)
+            pipe.evalsha(script.sha, len(keys), *keys, *args)  # no SCRIPT EXISTS round trip
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            try:
+                raw, acked = pipe.execute()
+                break
+            except redis.exceptions.NoScriptError:
+                if attempt:
+                    raise
+                r.script_load(script.script)  # NOSCRIPT: nothing ran; load it and send again
+            except (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
+                    redis.exceptions.ClusterDownError):
+                return script(keys=keys, args=args)  # the slot moves: nothing ran there; redis-py follows
+        self.last_wait = int(acked)
+        if self.last_wait < self.wait_replicas:
+            self.wait_short += 1
+            now = time.monotonic()
+            if now - self._wait_warned >= 60:  # at most one line a minute per process
+                self._wait_warned = now
+                log.warning("WAIT %d: only %d replica(s) confirmed a claim or completion within %d ms (%d such "
+                            "calls so far); a failover now may lose it", self.wait_replicas, self.last_wait,
+                            self.wait_timeout_ms, self.wait_short)
+        return raw
+
     def _one(self, script, shard: str, args: list, client=None):
         return script(keys=self._core + [shard], args=args, client=client)
 
@@ -191,14 +248,14 @@ class RouteQueue:
         :attr:`last_pop` tells whether the queue was paused and how many routes were dead-lettered.
         """
         before = time.time() * 1000
-        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms))
+        raw = self._durable(self.scripts.pop, self._core, self.pop_args(count, max_inflight, lease_ms))
         return self.pop_leases(raw, before, time.time() * 1000)
 
     def pop_leases_now(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
                        share: float | None = None) -> list[Lease]:
         """:meth:`pop` with the priority lane's share of this call given (:meth:`pop_args`)."""
         before = time.time() * 1000
-        raw = self.scripts.pop(keys=self._core, args=self.pop_args(count, max_inflight, lease_ms, share))
+        raw = self._durable(self.scripts.pop, self._core, self.pop_args(count, max_inflight, lease_ms, share))
         return self.pop_leases(raw, before, time.time() * 1000)
 
     def pop_args(self, count: int, max_inflight: int = 0, lease_ms: int | None = None,
@@ -283,6 +340,7 @@ class RouteQueue:
         """
         if not leases:
             return []
+        redisconn.load_scripts(self.r, [self.scripts.renew])
         pipe = self.r.pipeline(transaction=False)
         ms = int(lease_ms or self.lease_ms)
         for le in leases:
@@ -353,7 +411,7 @@ class RouteQueue:
         if not leases:
             return Completion()
         keys, args = self.complete_call(leases, results, stream, interval_ms, desired)
-        return self.completion_of(leases, self.scripts.complete(keys=keys, args=args))
+        return self.completion_of(leases, self._durable(self.scripts.complete, keys, args))
 
     def complete_call(self, leases: Sequence[Lease], results, stream: StreamTarget | None,
                       interval_ms: int | None = None, desired=None) -> tuple[list, list]:
@@ -468,6 +526,7 @@ class RouteQueue:
         step = self.interval_ms / total
         k = self.keys
         calls = 0
+        redisconn.load_scripts(self.r, [self.scripts.schedule])  # a cluster pipeline loads none
         for off in range(0, len(items), batch):
             chunk = items[off: off + batch]
             args: list = [self._now(), k.payload_prefix, "1" if self.priority_share > 0 else "0"]

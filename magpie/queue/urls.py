@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 POSTGRES_SCHEMES = ("postgresql", "postgresql+psycopg2")
 SCHEMES = REDIS_SCHEMES + POSTGRES_SCHEMES
 """URL schemes :func:`magpie.queue.provider.create_provider` accepts."""

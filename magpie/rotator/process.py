@@ -38,6 +38,7 @@ import time
 import redis as redis_lib
 import sqlalchemy as sa
 
+from magpie import redisconn
 from magpie.egress import EgressPolicy
 from magpie.fencing import fence
 from magpie.instances import Heartbeat, InstanceRegistry
@@ -119,7 +120,7 @@ def read_states(client: redis_lib.Redis, prefix: str, ids: list[int]) -> dict[in
     """Published states of rotators ``ids`` (missing ones are left out: not running anywhere)."""
     if not ids:
         return {}
-    raw = client.mget([state_key(prefix, i) for i in ids])
+    raw = redisconn.mget(client, [state_key(prefix, i) for i in ids])
     return {i: json.loads(v) for i, v in zip(ids, raw) if v}
 
 

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 
 import redis as redis_lib
+from redis.crc import key_slot
 from sqlalchemy.engine import Engine
 
 from magpie.stats import infra
@@ -36,7 +37,7 @@ from magpie.stats.entry import (
     parse_entry,
 )
 from magpie.stats.keys import (
-    DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, ledger_id, stream_key, stream_space, text,
+    DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, ledger_id, stream_key, stream_space, tagged_for, text,
 )
 from magpie.stats.store import (
     applied_ids,
@@ -61,7 +62,7 @@ def ensure_group(redis: redis_lib.Redis, prefix: str, stream: str | None = None)
         redis.RedisError: Redis unavailable, or any other refusal than ``BUSYGROUP``.
     """
     try:
-        redis.xgroup_create(stream or stream_key(prefix), GROUP, id="0", mkstream=True)
+        redis.xgroup_create(stream or stream_key(prefix, tagged_for(redis)), GROUP, id="0", mkstream=True)
     except redis_lib.ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
@@ -242,8 +243,8 @@ def ingest(
             is acknowledged and the delivery counts stay raised, so a crash loop ends in the dead-letter
             stream after ``max_deliveries``.
     """
-    key = stream or stream_key(prefix)
-    dkey = dead_stream or dead_key(prefix)
+    key = stream or stream_key(prefix, tagged_for(redis))
+    dkey = dead_stream or dead_key(prefix, tagged_for(redis))
     space = stream_space(key)  # a partition's stream ids live in their own ledger space
     ensure_group(redis, prefix, key)
     report = IngestReport()
@@ -327,25 +328,26 @@ def _settle(redis, prefix: str, consumer: str, key: str, dead: list[DeadLetter],
     """One ``MULTI``: write ``dead`` to the dead-letter stream ``dkey``, acknowledge ``taken`` and the dead
     letters that need it, and, after a commit (``wrote``), clear the infrastructure state. Returns the
     failures in a row the cleared state held (0 when none). A partition's tagged streams take the
-    infrastructure state's clearing in a second step (another slot on a cluster: a ``MULTI`` is one slot)."""
+    infrastructure state's clearing in a second step on a cluster when it lives in another slot."""
     now_ms = int(time.time() * 1000)
     pipe = redis.pipeline(transaction=True)
-    dkey = dkey or dead_key(prefix)
+    dkey = dkey or dead_key(prefix, tagged_for(redis))
     for d in dead:
         pipe.xadd(dkey, dead_letter_fields(d, consumer, now_ms), maxlen=dead_maxlen, approximate=True)
     seen = set(taken)
     ack = list(taken) + [d.stream_id for d in dead if d.ack and d.stream_id not in seen]
     if ack:
         pipe.xack(key, GROUP, *ack)
-    apart = "{" in key  # a partition's stream: the untagged infra key is in another slot
+    ikey = infra_key(prefix, tagged_for(redis))
+    apart = tagged_for(redis) and key_slot(ikey.encode()) != key_slot(key.encode())  # a MULTI is one slot
     if wrote and not apart:
-        pipe.hget(infra_key(prefix), "failures")
-        pipe.delete(infra_key(prefix))
+        pipe.hget(ikey, "failures")
+        pipe.delete(ikey)
     res = pipe.execute()
     if wrote and apart:
         pipe = redis.pipeline(transaction=True)
-        pipe.hget(infra_key(prefix), "failures")
-        pipe.delete(infra_key(prefix))
+        pipe.hget(ikey, "failures")
+        pipe.delete(ikey)
         res = pipe.execute()
     if not wrote:
         return 0

@@ -19,7 +19,8 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats import scripts
-from magpie.stats.keys import infra_key, text
+from magpie.redisconn import server_time
+from magpie.stats.keys import infra_key, tagged_for, text
 
 DEFAULT_BACKOFF_S = 1.0
 """Seconds of the first backoff after an infrastructure failure (``MAGPIE_STATS_INFRA_BACKOFF``)."""
@@ -36,7 +37,7 @@ def check(redis: redis_lib.Redis, prefix: str) -> tuple[int, int]:
     infrastructure failures in a row (0 with no state). One round trip.
 
     Raises ``redis.RedisError`` when Redis is unreachable."""
-    wait, failures = scripts.INFRA(redis, [infra_key(prefix)], ["check"])
+    wait, failures = scripts.INFRA(redis, [infra_key(prefix, tagged_for(redis))], ["check"])
     return int(wait), int(failures)
 
 
@@ -63,7 +64,7 @@ def record_failure(
     cap_ms = max(first_ms, int(backoff_cap_s * 1000))
     line = (error.strip().splitlines() or [""])[0][:300]
     wait, failures = scripts.INFRA(
-        redis, [infra_key(prefix)], ["fail", first_ms, cap_ms, line, STATE_TTL_MS]
+        redis, [infra_key(prefix, tagged_for(redis))], ["fail", first_ms, cap_ms, line, STATE_TTL_MS]
     )
     return int(wait), int(failures)
 
@@ -72,7 +73,7 @@ def clear(redis: redis_lib.Redis, prefix: str) -> int:
     """A write succeeded: end the state. Returns the failures in a row it held (0 when there was none).
 
     Raises ``redis.RedisError`` when Redis is unreachable."""
-    _, failures = scripts.INFRA(redis, [infra_key(prefix)], ["clear"])
+    _, failures = scripts.INFRA(redis, [infra_key(prefix, tagged_for(redis))], ["clear"])
     return int(failures)
 
 
@@ -85,8 +86,13 @@ def read_state(redis: redis_lib.Redis, prefix: str) -> dict | None:
     Raises:
         redis.RedisError: Redis unavailable.
     """
+    tagged = tagged_for(redis)
+    if tagged:  # a cluster pipeline refuses TIME
+        key = infra_key(prefix, tagged)
+        raw, (sec, usec) = redis.hgetall(key), server_time(redis, key)
+        return state_from(raw, sec * 1000 + usec // 1000)
     pipe = redis.pipeline(transaction=False)
-    pipe.hgetall(infra_key(prefix))
+    pipe.hgetall(infra_key(prefix, tagged))
     pipe.time()
     raw, (sec, usec) = pipe.execute()
     return state_from(raw, int(sec) * 1000 + int(usec) // 1000)

@@ -14,20 +14,40 @@ DEAD_MAXLEN = 100_000
 """Approximate cap on the dead-letter stream's length."""
 
 
-def stream_key(prefix: str) -> str:
-    """Key of the results stream: ``f"{prefix}stats:results"``."""
-    return f"{prefix}stats:results"
+SCHEDULE_TAG = "{default}"
+"""Hash tag of the default schedule (:class:`magpie.queue.keys.QueueKeys`); the stream keys share it on a
+cluster so that ``complete.lua`` (schedule keys + stream key) runs in one slot."""
 
 
-def dead_key(prefix: str) -> str:
-    """Key of the dead-letter stream: ``f"{prefix}stats:dead"``."""
-    return f"{prefix}stats:dead"
+def stats_base(prefix: str, tagged: bool = False) -> str:
+    """The one decision on where the stats keys live: ``prefix`` on one Redis server (``tagged`` False,
+    today's keys), ``f"{prefix}{{default}}:"`` on a Redis Cluster (``tagged`` True): the schedule's hash
+    tag, so the completion script, the consumer's ``MULTI`` and the upkeep scripts stay in one slot."""
+    return f"{prefix}{SCHEDULE_TAG}:" if tagged else prefix
 
 
-def infra_key(prefix: str) -> str:
+def tagged_for(client) -> bool:
+    """True when ``client`` is a Redis Cluster client: the stats keys then take the schedule's tag."""
+    from magpie.redisconn import is_cluster
+
+    return is_cluster(client)
+
+
+def stream_key(prefix: str, tagged: bool = False) -> str:
+    """Key of the results stream: ``f"{prefix}stats:results"`` (``f"{prefix}{{default}}:stats:results"``
+    when ``tagged``, on a cluster)."""
+    return stats_base(prefix, tagged) + "stats:results"
+
+
+def dead_key(prefix: str, tagged: bool = False) -> str:
+    """Key of the dead-letter stream: ``f"{prefix}stats:dead"`` (tagged like :func:`stream_key`)."""
+    return stats_base(prefix, tagged) + "stats:dead"
+
+
+def infra_key(prefix: str, tagged: bool = False) -> str:
     """Key of the ingestion's infrastructure-failure state (a hash, see :mod:`magpie.stats.infra`):
-    ``f"{prefix}stats:infra"``."""
-    return f"{prefix}stats:infra"
+    ``f"{prefix}stats:infra"`` (tagged like :func:`stream_key`: the consumer's ``MULTI`` touches it)."""
+    return stats_base(prefix, tagged) + "stats:infra"
 
 
 LEDGER_SPACES = 1026

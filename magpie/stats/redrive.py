@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import redis as redis_lib
 
 from magpie.stats import scripts
-from magpie.stats.keys import dead_key, stream_key, text
+from magpie.stats.keys import dead_key, stream_key, tagged_for, text
 
 CHUNK = 500
 """Dead letters looked at per script call (each call is atomic and short)."""
@@ -90,7 +90,9 @@ def redrive(
             for k in ("moved", "unrecoverable", "discarded", "remaining"):
                 setattr(total, k, getattr(total, k) + getattr(one, k))
         return total
-    return _redrive(redis, [dead_key(prefix), stream_key(prefix)], limit, discard_unrecoverable, chunk)
+    tagged = tagged_for(redis)
+    return _redrive(redis, [dead_key(prefix, tagged), stream_key(prefix, tagged)], limit, discard_unrecoverable,
+                    chunk)
 
 
 def _redrive(redis, keys: list[str], limit: int | None, discard_unrecoverable: bool, chunk: int) -> RedriveReport:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats.infra import state_from
-from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, text
+from magpie.redisconn import server_time
+from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, tagged_for, text
 
 
 def pending_summary(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None) -> dict:
@@ -28,9 +29,11 @@ def pending_summary(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, 
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    if pairs is not None and (len(pairs) != 1 or pairs[0] != (stream_key(prefix), dead_key(prefix))):
+    tagged = tagged_for(redis)
+    one = (stream_key(prefix, tagged), dead_key(prefix, tagged))
+    if pairs is not None and (len(pairs) != 1 or pairs[0] != one):
         return _summed([_one(redis, prefix, s, d) for s, d in pairs])
-    return _one(redis, prefix, stream_key(prefix), dead_key(prefix))
+    return _one(redis, prefix, *one)
 
 
 def _summed(each: list[dict]) -> dict:
@@ -46,12 +49,15 @@ def _summed(each: list[dict]) -> dict:
 
 
 def _one(redis, prefix: str, key: str, dkey: str) -> dict:
+    tagged = tagged_for(redis)
     pipe = redis.pipeline(transaction=False)
     pipe.xlen(key)
     pipe.xlen(dkey)
-    pipe.hgetall(infra_key(prefix))
-    pipe.time()
-    length, dead, raw_infra, (sec, usec) = pipe.execute()
+    pipe.hgetall(infra_key(prefix, tagged))
+    if not tagged:
+        pipe.time()  # a cluster pipeline refuses TIME: asked apart below
+    length, dead, raw_infra, *rest = pipe.execute()
+    sec, usec = rest[0] if rest else server_time(redis, key)
     out = {
         "stream": key,
         "length": int(length),

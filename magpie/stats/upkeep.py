@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.stats import scripts
-from magpie.stats.keys import GROUP, id_parts, ledger_id, stream_key, stream_space, text
+from magpie.stats.keys import GROUP, id_parts, ledger_id, stream_key, stream_space, tagged_for, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,7 @@ def replay_floor(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str
     if pairs is not None:
         floors = [f for f in (_floor(redis, s) for s, _ in pairs) if f is not None]
         return min(floors, key=lambda f: (f.ms, f.seq)) if floors else None
-    return _floor(redis, stream_key(prefix))
+    return _floor(redis, stream_key(prefix, tagged_for(redis)))
 
 
 def _floor(redis, key: str) -> ReplayFloor | None:
@@ -170,7 +170,7 @@ def trim_consumed(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, st
     Raises:
         redis.RedisError: Redis unavailable.
     """
-    keys = [s for s, _ in pairs] if pairs is not None else [stream_key(prefix)]
+    keys = [s for s, _ in pairs] if pairs is not None else [stream_key(prefix, tagged_for(redis))]
     return sum(int(scripts.TRIM(redis, [key], [GROUP])) for key in keys)
 
 
@@ -196,7 +196,7 @@ def cleanup_consumers(redis: redis_lib.Redis, prefix: str, idle_ms: int,
         for key, _ in pairs:
             gone += [n for n in _cleanup(redis, prefix, key, idle_ms) if n not in gone]
         return gone
-    return _cleanup(redis, prefix, stream_key(prefix), idle_ms)
+    return _cleanup(redis, prefix, stream_key(prefix, tagged_for(redis)), idle_ms)
 
 
 def _cleanup(redis, prefix: str, key: str, idle_ms: int) -> list[str]:
@@ -225,7 +225,7 @@ def delete_empty_consumers(redis: redis_lib.Redis, prefix: str, names: list[str]
     """
     if not names:
         return []
-    res = scripts.DROP_CONSUMERS(redis, [stream or stream_key(prefix)], [GROUP, *names])
+    res = scripts.DROP_CONSUMERS(redis, [stream or stream_key(prefix, tagged_for(redis))], [GROUP, *names])
     return [text(n) for n in res]
 
 

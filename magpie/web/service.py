@@ -15,7 +15,8 @@ from functools import cached_property
 
 import redis as redis_lib
 
-from magpie.queue import RouteQueue
+from magpie import redisconn
+from magpie.queue import QueueKeys, RouteQueue
 from magpie.web import data, fleet
 from magpie.web.samples import read_samples, series
 
@@ -42,7 +43,7 @@ class Dashboard:
         if self._redis is None:
             with self._lock:
                 if self._redis is None:
-                    self._redis = redis_lib.Redis.from_url(
+                    self._redis = redisconn.connect(
                         self.settings.redis_url, socket_timeout=5.0, socket_connect_timeout=5.0,
                         health_check_interval=30)
         return self._redis

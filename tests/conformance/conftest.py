@@ -1,5 +1,7 @@
-"""Conformance suite fixtures: every test runs once per schedule provider (``redis``, ``redis-partitioned``:
-the Redis schedule over 4 partitions, and ``postgresql``).
+"""Conformance suite fixtures: every test runs once per schedule provider: ``redis``, ``redis-partitioned``
+(the Redis schedule over 4 partitions), ``postgresql``, ``redis-cluster`` (the Redis schedule on a private
+3+3 Redis Cluster, one partition, see tests/private_cluster.py) and ``redis-cluster-partitioned`` (4
+partitions spread over that cluster's masters; slow tier).
 
 Fixture API (use these names in any test file of this folder):
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
+from magpie import redisconn
 from magpie.queue import QueueKeys, RouteQueue
 from magpie.queue.partitioned import PartitionedSchedule
 from magpie.queue.pg import PgSchedule
@@ -100,9 +103,20 @@ class Clock:
         self.now += int(ms)
 
 
-BACKENDS = ("redis", "redis-partitioned", "postgresql")
+BACKENDS = ("redis", "redis-partitioned", "postgresql", "redis-cluster",
+            pytest.param("redis-cluster-partitioned", marks=pytest.mark.slow))
 PARTITIONS = 4
-"""Partitions of the ``redis-partitioned`` provider."""
+"""Partitions of the ``redis-partitioned`` and ``redis-cluster-partitioned`` providers."""
+
+
+def is_redis(backend: str) -> bool:
+    """True for the Redis schedule, on one server or on a cluster, partitioned or not."""
+    return backend.startswith("redis")
+
+
+def on_cluster(backend: str) -> bool:
+    """True for the providers on the private Redis Cluster."""
+    return backend.startswith("redis-cluster")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -112,16 +126,51 @@ def backend(request):
 
 
 @pytest.fixture
+def redis_client(request, backend, redis_prefix):
+    """The shared test Redis, or under ``redis-cluster`` a client of the private cluster (what the test
+    wrote under ``redis_prefix`` there is deleted afterwards)."""
+    from tests.conftest import REDIS_URL
+
+    if not on_cluster(backend):
+        r = redisconn.connect(REDIS_URL)
+        yield r
+        r.close()
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    r = redisconn.connect(cluster.url)
+    yield r
+    redisconn.delete_many(r, list(r.scan_iter(match="*" + redis_prefix + "*", count=10_000)))
+    r.close()
+
+
+@pytest.fixture
+def redis_url(request, backend):
+    """URL of the Redis under test (the cluster's ``redis+cluster://`` URL under ``redis-cluster``)."""
+    from tests.conftest import REDIS_URL
+
+    if on_cluster(backend):
+        return request.getfixturevalue("redis_cluster").url
+    return REDIS_URL
+
+
+@pytest.fixture
+def results_key(backend, redis_prefix):
+    """``results_key(name)``: a results stream key beside the schedule (tagged ``{default}`` on a cluster,
+    as :func:`magpie.stats.keys.stream_key` does)."""
+    return lambda name="results": redis_prefix + ("{default}:" if on_cluster(backend) else "") + name
+
+
+@pytest.fixture
 def make_queue(request, backend, redis_client, redis_prefix):
     built: list = []
 
     def make(interval_ms=60_000, lease_ms=60_000, clock=None, shards=4, **kw):
         keys = QueueKeys(redis_prefix, shards)
-        if backend == "redis":
-            q = RedisBackend(redis_client, keys, interval_ms=interval_ms, lease_ms=lease_ms, clock=clock, **kw)
-        elif backend == "redis-partitioned":
+        if backend.endswith("-partitioned"):
             q = PartitionedBackend(redis_client, redis_prefix, shards, PARTITIONS, interval_ms=interval_ms,
                                    lease_ms=lease_ms, clock=clock, **kw)
+        elif is_redis(backend):
+            q = RedisBackend(redis_client, keys, interval_ms=interval_ms, lease_ms=lease_ms, clock=clock, **kw)
         else:
             q = PgBackend(request.getfixturevalue("pg_url"), keys, interval_ms=interval_ms, lease_ms=lease_ms,
                           clock=clock, redis_client=redis_client, **kw)

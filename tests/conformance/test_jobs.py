@@ -21,11 +21,15 @@ PARTITIONS = 4  # the redis-partitioned provider's count (conftest.PARTITIONS)
 
 
 @pytest.fixture
-def job_settings(backend, redis_prefix, pg_url):
+def job_settings(backend, redis_prefix, pg_url, redis_url):
     """Settings whose schedule is the provider under test (same prefix as ``make_queue``)."""
     from tests.conftest import REDIS_URL
 
-    return load_settings(redis_url=REDIS_URL, redis_prefix=redis_prefix, database_url=pg_url,
+    # a fresh private cluster is seconds old: a short lock TTL keeps the leader's quiet period after a Redis
+    # start (a third of it plus 1 s) within the cluster's age
+    extra = {"maintenance_lock_ttl": 3.0} if backend.startswith("redis-cluster") else {}
+    return load_settings(**extra, redis_url=redis_url, broker_url=REDIS_URL, redis_prefix=redis_prefix,
+                         database_url=pg_url,
                          schedule_url=pg_url if backend == "postgresql" else None,
                          schedule_partitions=PARTITIONS if backend == "redis-partitioned" else 1,
                          encryption_key="test-key-0123456789abcdef")

@@ -314,3 +314,21 @@ def test_the_beat_task_claims_due_sources_and_fetches_them(s, db, redis_client, 
     out = tasks.maintenance_fetch_sources()
     assert (out["claimed"], out["ok"], out["error"], out["imported"]) == (2, 1, 1, 2)
     assert tasks.maintenance_fetch_sources()["claimed"] == 0  # nothing due: one every, one backoff, ahead
+
+
+def test_the_source_schedule_and_the_route_schedule_on_a_redis_cluster(s, db, redis_cluster, cluster_client,
+                                                                       cluster_prefix, site):
+    """The source schedule (tag ``{sources}``) and the check schedule (``{default}``) live on different
+    slots of a cluster; a source fetch completes its own lease and imports into the other schedule."""
+    from magpie.lab.cluster import key_slot
+    from magpie.sources.runner import schedule_keys
+
+    cs = s.model_copy(update={"redis_url": redis_cluster.url, "redis_prefix": cluster_prefix})
+    cq = RouteQueue.from_settings(cs, cluster_client)
+    assert key_slot(schedule_keys(cs).heads) != key_slot(cq.keys.heads)
+    src = add_source(db, cs, f"{site.url}/list.txt", "alpha", 3600)
+    res = refresh_now(cs, db, cluster_client, src["id"], route_queue=cq, wait=10)
+    assert res["status"] == "ok" and res["imported"] == 2
+    assert cq.route_count() == 2
+    assert refresh_now(cs, db, cluster_client, src["id"], route_queue=cq, wait=10)["status"] == "not_modified"
+    assert run_due(cs, db, cluster_client, cq)["claimed"] == 0

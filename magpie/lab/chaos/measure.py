@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from magpie.queue.partitions import layout_key, stream_pairs
-from magpie.stats.keys import GROUP, ledger_id, stream_space
+from magpie.queue.partitions import is_tagged, layout_key, stream_pairs
+from magpie.stats.keys import GROUP, ledger_id, stream_space, tagged_for
 
 
 @dataclass
@@ -42,8 +42,9 @@ def _s(v) -> str:
 def pairs_of(r, prefix: str) -> list[tuple[str, str]]:
     """``[(results stream, dead-letter stream)]`` of the schedule stored under ``prefix``: one per partition
     of the partition count recorded in Redis (one, untagged, when none is)."""
-    n = r.get(layout_key(prefix))
-    return stream_pairs(prefix, int(_s(n)) if n else 1)
+    raw = r.get(layout_key(prefix))
+    n = int(_s(raw)) if raw else 1
+    return stream_pairs(prefix, n, is_tagged(n, tagged_for(r)))
 
 
 def stream_results(r, prefix: str) -> list[Result]:

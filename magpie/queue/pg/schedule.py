@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import psycopg2
 import psycopg2.extras
 
+from magpie import redisconn
 from magpie.errors import Refusal
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.keys import QueueKeys, fnv1a_32
@@ -93,7 +94,7 @@ class PgSchedule(AdminPlane, SpreadPlane):
         if self._redis is None:
             import redis
 
-            self._redis = redis.Redis.from_url(self._redis_url or "redis://127.0.0.1:6379/0")
+            self._redis = redisconn.connect(self._redis_url or "redis://127.0.0.1:6379/0")
         return self._redis
 
     @property
