@@ -41,14 +41,15 @@ QUICK_DEFAULT = ("kill-loop", "two-beats", "catch-up-after-downtime")
 
 
 def run_scenario(name: str, pg, quick: bool = True, log_dir: Path | None = None,
-                 keep_logs: bool = False, full: bool = False) -> Outcome:
+                 keep_logs: bool = False, full: bool = False, net=None) -> Outcome:
     """Run scenario ``name`` on the private PostgreSQL server ``pg`` (``full``: the long forms, see
-    :class:`Ctx`); a scenario that raises is returned as an Outcome with the error as its failure.
+    :class:`Ctx`; ``net``: a started :class:`magpie.lab.chaos.netstack.Net` to run it across, ``pg`` then
+    being ``net.pg``); a scenario that raises is returned as an Outcome with the error as its failure.
     Raises KeyError for an unknown name."""
     fn = SCENARIOS[name]
     t0 = time.monotonic()
     try:
-        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full))
+        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full, net))
     except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
         out = Outcome(name, "?", failures=[f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"])
     out.seconds = time.monotonic() - t0
