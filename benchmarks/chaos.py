@@ -24,8 +24,9 @@ Scenarios, each named after the public bug class it reproduces:
 With ``--nodes N`` (root, iproute2) the scenarios run over network namespaces (``magpie.lab.netns``): the
 schedule's Redis, PostgreSQL and the lab (judge and fault servers) each on a host of its own, the
 Procfile's workers on N node hosts (one beat on node1), all joined by veth links to one bridge; then the
-multi-node scenarios follow (``link-cut``: a node's link cut mid-run and restored; ``spread``: checks per
-node against slots per node; both unless ``--scenarios`` names them). ``poison-route`` does not run there
+multi-node scenario ``link-cut`` follows (a node's link cut mid-run and restored) unless ``--scenarios``
+is given; ``--scenarios spread`` measures checks per node against slots per node (it fails today: see
+docs/multinode.md). ``poison-route`` does not run there
 (its server lives in this process, which the nodes cannot reach).
 
 Output: a header (``#`` lines), one ``chaos-scenario name=... <figures> seconds=S ok=0|1`` line per
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--nodes must be 1..20: {args.nodes}")
         names = [n for n in names if n not in NOT_ON_NODES]
         if "--scenarios" not in " ".join(argv if argv is not None else sys.argv):
-            names += list(MULTINODE)
+            names.append("link-cut")
     unknown = [n for n in names if n not in SCENARIOS and not (args.nodes and n in MULTINODE)]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")

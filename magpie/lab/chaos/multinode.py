@@ -33,26 +33,35 @@ def _stack(name: str, net, log_dir: Path | None, env: dict[str, str]) -> NetStac
     return st
 
 
-def spread(net, log_dir: Path | None = None, slots: dict[str, int] | None = None,
-           window_s: float = 20.0) -> Outcome:
-    """Saturate the nodes (slow routes, more demand than slots) and compare each node's share of the checks
-    made in ``window_s`` seconds with its share of the slots (``slots``: node -> ``MAGPIE_CHECKS_PER_PROCESS``;
-    default 2:1:1.. with node1 the largest). Figures: ``checks_<node>``, ``share_<node>`` (checks),
-    ``slot_share_<node>``, ``worst_share_error`` (max |share / slot share - 1|), must stay within
-    :data:`SPREAD_TOLERANCE`."""
+def spread(net, log_dir: Path | None = None, workers: dict[str, int] | None = None,
+           per_process: int = 8, window_s: float = 20.0) -> Outcome:
+    """Load the nodes (slow routes, demand at 1.5x the slots) and compare each node's share of the checks
+    made in ``window_s`` seconds with its share of the slots. ``workers``: node -> check workers it runs
+    (two processes each, ``per_process`` slots a process; default node1 2, the others 1: shares 2:1:1..).
+    Figures: ``checks_<node>``, ``share_<node>`` (of the checks), ``slot_share_<node>``,
+    ``worst_share_error`` (max |share / slot share - 1|), which must stay within :data:`SPREAD_TOLERANCE`;
+    ``checks_per_s``."""
     out = Outcome("spread", "multinode")
     nodes = net.node_names
-    slots = slots or {n: (16 if i == 0 else 8) for i, n in enumerate(nodes)}
-    total_slots = 2 * sum(slots.values())  # two check processes per node (the Procfile's concurrency 2)
+    workers = workers or {n: (2 if i == 0 else 1) for i, n in enumerate(nodes)}
+    slots = {n: 2 * per_process * workers.get(n, 0) for n in nodes}  # two check processes per worker
+    total_slots = sum(slots.values())
     env = {"MAGPIE_CHECK_INTERVAL": "2", "MAGPIE_CHECK_TIMEOUT": "3", "MAGPIE_LEASE_SECONDS": "8",
-           "MAGPIE_RENEW_BELOW_SECONDS": "3", "CHAOS_SLOW_DELAY": "1.0", "MAGPIE_PROFILE_MAX_TIMEOUT": "3"}
+           "MAGPIE_RENEW_BELOW_SECONDS": "3", "CHAOS_SLOW_DELAY": "1.0", "MAGPIE_PROFILE_MAX_TIMEOUT": "3",
+           "MAGPIE_CHECKS_PER_PROCESS": str(per_process)}
     n_routes = int(total_slots * 2.0 / 1.0 * 1.5)  # demand (routes x 1 s / 2 s) at 1.5x the slots
     st = _stack(out.name, net, log_dir, env)
     try:
         st.import_lines(population_lines(st.address("slow"), n_routes))
-        st.start_nodes(env_by_node={n: {"MAGPIE_CHECKS_PER_PROCESS": str(s)} for n, s in slots.items()})
+        for n in nodes:
+            st.spawn("jobs", node=n)
+            st.spawn("promote", node=n)
+            for _ in range(workers.get(n, 0)):
+                st.spawn("checks", node=n)
+        st.spawn("beat", node=nodes[0])
+        st.wait_engines(sum(workers.values()), 90)
+        time.sleep(8)  # warm-up: every engine announced and busy
         announced = sum(st.queue().capacity_registry().engines().values())
-        time.sleep(8)  # warm-up: every engine filled
         c0 = st.checks_by_node("slow")
         time.sleep(window_s)
         c1 = st.checks_by_node("slow")
@@ -61,8 +70,8 @@ def spread(net, log_dir: Path | None = None, slots: dict[str, int] | None = None
         out.figures = {"routes": n_routes, "slots": total_slots, "slots_announced": announced}
         worst = 0.0
         for n in nodes:
-            share, slot_share = made[n] / total, slots[n] / sum(slots.values())
-            worst = max(worst, abs(share / slot_share - 1.0))
+            share, slot_share = made[n] / total, slots[n] / total_slots
+            worst = max(worst, abs(share / slot_share - 1.0)) if slot_share else worst
             out.figures.update({f"checks_{n}": made[n], f"share_{n}": round(share, 3),
                                 f"slot_share_{n}": round(slot_share, 3)})
         out.figures["worst_share_error"] = round(worst, 3)
