@@ -88,7 +88,8 @@ def spread(net, log_dir: Path | None = None, workers: dict[str, int] | None = No
 def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: float = 20.0,
              mode: str = "switch") -> Outcome:
     """Cut ``victim``'s link for ``cut_s`` seconds mid-run, restore it (module doc). Figures: ``routes``,
-    ``checks_<node>`` before / during / after the cut, ``victim_checks_during_cut`` (must be 0),
+    ``checks_<node>`` before / during / after the cut, ``victim_inflight_at_cut`` (checks it had in flight
+    to the lab when cut; must be > 0), ``victim_checks_during_cut`` (must be 0),
     ``rechecked_elsewhere_s`` (seconds from the cut until every route had a result from the others),
     ``max_gap_s`` (longest gap between two results of one route once the cut leases had expired; must
     stay within 2 intervals + the timeout), ``victim_resumed_s``, ``stale_refused`` (completions refused
@@ -111,11 +112,18 @@ def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: flo
         prefix = st.settings().redis_prefix
         every = wait_until(lambda: all(v > 0 for v in st.checks_by_node("slow").values()), 60)
         out.expect(every is not None, f"not every node took work before the cut: {st.checks_by_node('slow')}")
-        time.sleep(2)
+        from magpie.lab.chaos.workers import _inflight
+
+        workers = [p for p in st.running("checks") if p.node == victim]
+
+        def held_now() -> int:
+            return sum(_inflight(w, st.address("slow")) for w in workers)
+        wait_until(lambda: held_now() > 0, 30, 0.05)  # cut while it has checks in flight
         before = st.checks_by_node("slow")
         c0 = read_counters(st.r, prefix)
         t_cut = m.redis_ms(st.r)
         topo.cut(victim, mode)
+        held = held_now()
         time.sleep(1.5)  # what was in flight to the lab when the cut came may still be counted
         frozen = st.checks_by_node("slow")[victim]
 
@@ -142,7 +150,7 @@ def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: flo
         out.figures = {
             "routes": n, "cut_mode": mode, "cut_s": round((t_restore - t_cut) / 1000.0, 1),
             **{f"before_{k}": v for k, v in before.items()},
-            "victim_checks_during_cut": during[victim] - frozen,
+            "victim_inflight_at_cut": held, "victim_checks_during_cut": during[victim] - frozen,
             **{f"during_{k}": during[k] - before[k] for k in during if k != victim},
             "rechecked_elsewhere_s": round(took, 1) if took is not None else -1.0,
             "max_gap_s": round(max_gap / 1000.0, 1),
@@ -153,6 +161,7 @@ def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: flo
             "healthy_dead_lettered": routes["healthy_dead_lettered"], "results": acc["published"],
             "stats_drained": acc["drained"],
         }
+        out.expect(held > 0, "the cut node had no check in flight when cut (scenario did not happen)")
         out.expect(during[victim] == frozen, "the cut node's checks reached the lab while cut")
         out.expect(took is not None, "some routes were never checked by the other nodes after the cut")
         limit = (2 * interval + timeout + 1) * 1000
