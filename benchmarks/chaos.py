@@ -125,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     out = MULTINODE[name](net, log_dir=log_dir)
                 except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
-                    out = Outcome(name, "?", failures=[f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"])
+                    why = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"
+                    out = Outcome(name, "?", failures=[why])
                 out.seconds = time.monotonic() - t0
             else:
-                out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True, full=args.full,
-                                   net=net)
+                out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True,
+                                   full=args.full, net=net)
             outcomes.append(out)
             print(out.line(), flush=True)
             for f in out.failures:

@@ -139,7 +139,8 @@ class FaultLab:
     """The five fault servers (module doc) on one event loop in a background thread. A context manager.
 
     Args:
-        host_base: first listen address; kind ``KINDS[i]`` listens on ``host_base + i`` (loopback or 10.231/16).
+        host_base: first listen address; kind ``KINDS[i]`` listens on ``host_base + i`` (loopback or
+            10.231/16).
         base_port: kind ``KINDS[i]`` listens on port ``base_port + i``; None picks a free block at start().
         slow_delay: seconds the ``slow`` server waits before answering.
         judge_host / judge_port: the judge the echo servers impersonate; echoed as ``Host`` when a

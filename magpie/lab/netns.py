@@ -20,7 +20,8 @@ in the host's namespace; or ``netem loss 100%``), restored, and slowed (``netem 
     finally:
         topo.close()
 
-Requires root and ``ip`` (iproute2); ``tc`` and ``sch_netem`` for :meth:`Topology.delay` and ``mode="loss"`` cuts.
+Requires root and ``ip`` (iproute2); ``tc`` and ``sch_netem``
+for :meth:`Topology.delay` and ``mode="loss"`` cuts.
 Raises :class:`NetnsError` (one line naming the command that failed and its stderr).
 """
 
@@ -167,7 +168,8 @@ class Topology:
             _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
             _run("ip", "-n", self.switch, "link", "set", "br0", "up")
             # root namespace end: <root_link> here, its peer on the bridge
-            _run("ip", "link", "add", self.root_link, "type", "veth", "peer", "name", "hostp", "netns", self.switch)
+            _run("ip", "link", "add", self.root_link, "type", "veth", "peer", "name", "hostp",
+                 "netns", self.switch)
             self._root_link_made = True
             _run("ip", "-n", self.switch, "link", "set", "hostp", "master", "br0", "up")
             _run("ip", "addr", "add", f"{self.root_addr}/{self.network.prefixlen}", "dev", self.root_link)
@@ -188,7 +190,8 @@ class Topology:
         ns = self.ns(host)
         self._add_ns(ns)
         tmp = f"mgp{self.run}{i:02d}"  # made in the host namespace directly, renamed there
-        _run("ip", "-n", ns, "link", "add", tmp, "type", "veth", "peer", "name", f"p{i:02d}", "netns", self.switch)
+        _run("ip", "-n", ns, "link", "add", tmp, "type", "veth", "peer", "name", f"p{i:02d}",
+             "netns", self.switch)
         _run("ip", "-n", ns, "link", "set", tmp, "name", "eth0")
         _run("ip", "-n", self.switch, "link", "set", f"p{i:02d}", "master", "br0", "up")
         for a in [self._addr[host], *self._extra[host]]:
@@ -235,7 +238,8 @@ class Topology:
         elif mode == "down":
             _run("ip", "-n", ns, "link", "set", "eth0", "down")
         elif mode == "loss":
-            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", "loss", "100%")
+            _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", "eth0", "root", "netem",
+                 "loss", "100%")
         else:
             raise ValueError(f"cut mode must be 'switch', 'down' or 'loss': {mode!r}")
 
@@ -253,7 +257,8 @@ class Topology:
         if ms < 0 or jitter_ms < 0:
             raise ValueError(f"delay and jitter must be >= 0 ms: {ms}, {jitter_ms}")
         args = ["delay", f"{ms:g}ms"] + ([f"{jitter_ms:g}ms"] if jitter_ms else [])
-        _run("ip", "netns", "exec", self.ns(host), "tc", "qdisc", "replace", "dev", "eth0", "root", "netem", *args)
+        _run("ip", "netns", "exec", self.ns(host), "tc", "qdisc", "replace", "dev", "eth0", "root",
+             "netem", *args)
 
     def _port(self, host: str) -> str:
         return f"p{self.hosts.index(host):02d}"

@@ -57,7 +57,7 @@ def test_topology_links_cuts_and_teardown(monkeypatch):
         srv_code = (f"import socket\ns = socket.create_server(({topo.addr('srv')!r}, 7000))\n"
                     "while True:\n    c, _ = s.accept(); c.send(b'hi'); c.close()\n")
         server = topo.popen("srv", [sys.executable, "-c", srv_code])
-        assert _wait_connect(topo, "a", topo.addr("srv"), 7000), "the server in the srv namespace never answered"
+        assert _wait_connect(topo, "a", topo.addr("srv"), 7000), "the server in srv never answered"
         # the root namespace reaches the hosts over its own link; the server is not on this host's loopback
         with socket.create_connection((topo.addr("srv"), 7000), timeout=2) as s:
             assert s.recv(2) == b"hi"

@@ -105,7 +105,7 @@ def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: flo
     st = _stack(out.name, net, log_dir, env)
     topo = net.topo
     try:
-        n = 90  # demand 90 x 0.8 s / 3 s = 24 checks at once: more than a node's 16 slots, less than two nodes'
+        n = 90  # 90 x 0.8 s / 3 s = 24 checks at once: more than a node's 16 slots, less than two nodes'
         st.import_lines(population_lines(st.address("slow"), n))
         hashes = set(m.route_kinds(st))
         st.start_nodes()

@@ -233,7 +233,8 @@ class NetStack(Stack):
     def wrap(self, node: str | None, argv: list[str]) -> list[str]:
         return self.net.topo.argv(node or self.nodes[0], argv)
 
-    def start_nodes(self, beats: int = 1, engines_timeout: float = 90.0, env_by_node: dict | None = None) -> None:
+    def start_nodes(self, beats: int = 1, engines_timeout: float = 90.0,
+                    env_by_node: dict | None = None) -> None:
         """Start jobs, checks and promote on every node (``env_by_node``: node -> settings of its
         processes), ``beats`` beats (node1 first), and wait until every node's check engine announced."""
         for n in self.nodes:

@@ -166,8 +166,8 @@ class PrivatePostgres:
                         "--clear-groups", *argv]
             argv, user = self.wrap(argv), {}
         with open(os.path.join(self.dir, "postgres.log"), "ab") as log:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-                                         start_new_session=True, cwd=self.dir, **user)
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=log, start_new_session=True, cwd=self.dir, **user)
         if self.track is not None:
             self.track(self.proc)
         import psycopg2
