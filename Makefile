@@ -2,11 +2,12 @@
 # make test  - set up and run the default test tier against local PostgreSQL, Redis and Celery workers
 #              (everything not marked slow; about 5 minutes on 2 cores).
 # make test-all  - the default tier, then the slow tier alone (full chaos, browser, packaging, long e2e).
+# make test-netns - the multi-node tier: magpie on several network namespaces (root; docs/multinode.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup services tools demo test test-slow test-all bench clean
+.PHONY: setup services tools demo test test-slow test-all test-netns bench clean
 
 setup: $(VENV)/.installed
 
@@ -33,6 +34,9 @@ test-slow: setup services tools
 	$(PY) -m pytest -m slow || [ $$? -eq 5 ]
 
 test-all: test test-slow
+
+test-netns: setup services
+	$(PY) -m pytest -m slow tests/netns -s
 
 bench: setup services
 	$(PY) benchmarks/queue_bench.py --routes 200000

@@ -21,6 +21,14 @@ Scenarios, each named after the public bug class it reproduces:
   mass-crash                     the whole check worker killed twice with hundreds of routes in flight
   redis-full                     the schedule's Redis at maxmemory (noeviction) during checks and an import
 
+With ``--nodes N`` (root, iproute2) the scenarios run over network namespaces (``magpie.lab.netns``): the
+schedule's Redis, PostgreSQL and the lab (judge and fault servers) each on a host of its own, the
+Procfile's workers on N node hosts (one beat on node1), all joined by veth links to one bridge; then the
+multi-node scenario ``link-cut`` follows (a node's link cut mid-run and restored) unless ``--scenarios``
+is given; ``--scenarios spread`` measures checks per node against slots per node (it fails today: see
+docs/multinode.md). ``poison-route`` does not run there
+(its server lives in this process, which the nodes cannot reach).
+
 Output: a header (``#`` lines), one ``chaos-scenario name=... <figures> seconds=S ok=0|1`` line per
 scenario, and the last line ``chaos scenarios=N lost=L duplicated=D healthy_dead_lettered=H
 results_lost=R double_leader_runs=B`` (sums over the scenarios). Exit status 1 when a guarantee broke.
@@ -30,6 +38,7 @@ results_lost=R double_leader_runs=B`` (sums over the scenarios). Exit status 1 w
     .venv/bin/python benchmarks/chaos.py --full --scenarios kill-loop   # 30 kills over 120 s, 60 routes
     .venv/bin/python benchmarks/chaos.py --scenarios kill-loop,two-beats --keep-logs
     .venv/bin/python benchmarks/chaos.py --quick --broker amqp   # the broker on RabbitMQ (a vhost per scenario)
+    sudo .venv/bin/python benchmarks/chaos.py --quick --nodes 3   # over 3 namespace nodes (~10 min)
 
 ``--broker amqp`` runs every scenario with RabbitMQ as the broker: each scenario gets a vhost of its own
 (``magpie-test-<random>`` on 127.0.0.1:5672, user guest, deleted afterwards) holding magpie's quorum
@@ -50,7 +59,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from magpie.lab.chaos import SCENARIOS, run_scenario, summary
+from magpie.lab.chaos.base import Outcome
 from magpie.lab.chaos.servers import PrivatePostgres, ServerError
+
+NOT_ON_NODES = ("poison-route",)
+"""Scenarios that need a server in this process, out of the nodes' reach."""
 
 
 def _interrupt(signum, _frame):
@@ -69,9 +82,19 @@ def main(argv: list[str] | None = None) -> int:
                                                               "always kept)")
     ap.add_argument("--broker", choices=("redis", "amqp"), default="redis",
                     help="the Celery broker: private Redis servers (default) or a RabbitMQ vhost per scenario")
+    ap.add_argument("--nodes", type=int, default=0,
+                    help="run over network namespaces with this many worker nodes (needs root; 0: one host)")
     args = ap.parse_args(argv)
+    from magpie.lab.chaos.multinode import MULTINODE
+
     names = [n.strip() for n in args.scenarios.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
+    if args.nodes:
+        if not 1 <= args.nodes <= 20:
+            ap.error(f"--nodes must be 1..20: {args.nodes}")
+        names = [n for n in names if n not in NOT_ON_NODES]
+        if "--scenarios" not in " ".join(argv if argv is not None else sys.argv):
+            names.append("link-cut")
+    unknown = [n for n in names if n not in SCENARIOS and not (args.nodes and n in MULTINODE)]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="magpie-chaos-"))
@@ -79,25 +102,52 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
 
     print(f"# chaos {time.strftime('%Y-%m-%d %H:%M:%S')} host={platform.node()} python={platform.python_version()} "
-          f"mode={'full' if args.full else 'quick' if args.quick else 'default'} broker={args.broker} logs={log_dir}",
-          flush=True)
+          f"mode={'full' if args.full else 'quick' if args.quick else 'default'} broker={args.broker} logs={log_dir}"
+          + (f" nodes={args.nodes}" if args.nodes else ""), flush=True)
     if args.broker == "amqp":
         from magpie.lab.rabbitmq import HOST, PORT, reachable
 
         if not reachable():
             print(f"chaos: RabbitMQ is not reachable on {HOST}:{PORT} (make services starts it)", file=sys.stderr)
             return 2
+        if args.nodes:
+            print("chaos: --nodes runs with the namespace Redis as the broker; drop --broker amqp", file=sys.stderr)
+            return 2
+    net = None
     try:
-        pg = PrivatePostgres()
-        pg.start()
+        if args.nodes:
+            from magpie.lab.chaos.netstack import Net
+            from magpie.lab.netns import NetnsError
+
+            try:
+                net = Net(nodes=args.nodes).start()
+            except NetnsError as exc:
+                print(f"chaos: {exc}", file=sys.stderr)
+                return 2
+            pg = net.pg
+            print(f"# topology {net.topo.cidr} hosts={','.join(net.topo.hosts)}", flush=True)
+        else:
+            pg = PrivatePostgres()
+            pg.start()
     except ServerError as exc:
         print(f"chaos: {exc}", file=sys.stderr)
+        if net is not None:
+            net.close()
         return 2
     outcomes = []
     try:
         for name in names:
-            out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True, full=args.full,
-                               broker=args.broker)
+            if name in MULTINODE and net is not None:
+                t0 = time.monotonic()
+                try:
+                    out = MULTINODE[name](net, log_dir=log_dir)
+                except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
+                    why = f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"
+                    out = Outcome(name, "?", failures=[why])
+                out.seconds = time.monotonic() - t0
+            else:
+                out = run_scenario(name, pg, quick=args.quick, log_dir=log_dir, keep_logs=True,
+                                   full=args.full, broker=args.broker, net=net)
             outcomes.append(out)
             print(out.line(), flush=True)
             for f in out.failures:
@@ -110,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
         print("# interrupted; everything started was stopped", flush=True)
         return 130
     finally:
-        pg.destroy()
+        if net is not None:
+            net.close()
+        else:
+            pg.destroy()
     print(summary(outcomes), flush=True)
     return 1 if any(o.failures for o in outcomes) else 0
 

@@ -115,7 +115,8 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
     each pass takes its budget from a per-second bucket in Redis (:func:`take_promote_budget`) and hands
     back what it did not claim. Fair shares from the live instances (:func:`magpie.instances.promote_shares`):
     a pass asks for the budget divided by the live beats, and its leases go out in messages of at most
-    the granted routes divided by the live check engines, so every engine gets a share.
+    the granted routes (or the engines' slots, when fewer) divided by the live check engines, so every
+    engine gets a share.
     """
     from magpie.instances import fair_share, promote_shares
 
@@ -124,7 +125,10 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
     granted, second = take_promote_budget(queue, sched.promote_budget, want=shares.want)
     if granted <= 0:
         return 0
-    per_task = min(sched.routes_per_task, fair_share(granted, shares.engines))  # every engine gets leases
+    # every engine gets leases: a message carries at most an engine's share of what this pass can claim
+    # (the budget, or the engines' slots when fewer), so one engine never takes a whole pass
+    per_task = min(sched.routes_per_task,
+                   fair_share(granted if capacity is None else min(granted, capacity), shares.engines))
     # If promote raises, nothing is handed back: the bucket errs on the safe side.
     claimed = promote(queue, dispatch, budget=granted, max_inflight=sched.max_inflight,
                       pop_batch=sched.pop_batch, routes_per_task=per_task, capacity=capacity,

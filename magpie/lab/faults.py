@@ -32,7 +32,7 @@ The runner ``python -m magpie.lab.faults [--host-base 127.0.0.20] [--base-port P
 process of their own, prints one JSON line ``{"tarpit": "127.0.0.20:P", "trickle": "127.0.0.21:P+1", ...,
 "refused": "...", "tarpits": ["127.0.0.20:P", ...], "pid": N}`` and serves until SIGINT/SIGTERM (exit
 status 0). With ``--stats-file`` it rewrites that file every second with ``{"tarpit": <tarpit stats>,
-"connections": {kind: n}}`` (:meth:`FaultLab.tarpit_stats`).
+"connections": {kind: n}, "peers": {kind: {client address: n}}}`` (:meth:`FaultLab.tarpit_stats`).
 """
 
 from __future__ import annotations
@@ -86,15 +86,31 @@ START_TIMEOUT = 10.0  # seconds start() waits for every listener
 
 
 def _hosts(host_base: str) -> list[str]:
-    """The five listen addresses starting at ``host_base``; raises ValueError unless all are 127/8."""
+    """The five listen addresses starting at ``host_base``; raises ValueError unless all are loopback or
+    in ``10.231.0.0/16`` (the network of the lab's namespaces, :mod:`magpie.lab.netns`)."""
     try:
         base = ipaddress.IPv4Address(host_base)
     except ValueError:
         raise ValueError(f"host_base must be an IPv4 address: {host_base!r}") from None
     hosts = [base + i for i in range(len(KINDS))]
-    if not all(h.is_loopback for h in hosts) or int(hosts[-1]) & 0xFF == 0xFF:
-        raise ValueError(f"host_base {host_base} leaves 127.0.0.0/8 (or hits .255) within {len(KINDS)}")
+    private = [ipaddress.IPv4Network(n) for n in ("127.0.0.0/8", "10.231.0.0/16")]
+    if not all(any(h in n for n in private) for h in hosts) or int(hosts[-1]) & 0xFF == 0xFF:
+        raise ValueError(f"host_base {host_base} leaves 127.0.0.0/8 and 10.231.0.0/16 (or hits .255) "
+                         f"within {len(KINDS)}")
     return [str(h) for h in hosts]
+
+
+class _PeerSet(set):
+    """A server's live transports that also counts, per client address, every connection ever added."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: dict[str, int] = {}
+
+    def add(self, transport) -> None:
+        peer = (transport.get_extra_info("peername") or ("?",))[0]
+        self.peers[peer] = self.peers.get(peer, 0) + 1
+        super().add(transport)
 
 
 def _extra_tarpit_ports(base_port: int, tarpit_ports: int) -> list[int]:
@@ -123,7 +139,8 @@ class FaultLab:
     """The five fault servers (module doc) on one event loop in a background thread. A context manager.
 
     Args:
-        host_base: first listen address; kind ``KINDS[i]`` listens on ``host_base + i`` (all in 127/8).
+        host_base: first listen address; kind ``KINDS[i]`` listens on ``host_base + i`` (loopback or
+            10.231/16).
         base_port: kind ``KINDS[i]`` listens on port ``base_port + i``; None picks a free block at start().
         slow_delay: seconds the ``slow`` server waits before answering.
         judge_host / judge_port: the judge the echo servers impersonate; echoed as ``Host`` when a
@@ -165,7 +182,7 @@ class FaultLab:
         self.slow_delay = float(slow_delay)
         self.judge_host = judge_host
         self.judge_port = judge_port
-        self.conns: dict[str, set] = {k: set() for k in KINDS[1:-1]}
+        self.conns: dict[str, set] = {k: _PeerSet() for k in KINDS[1:-1]}
         self._trickling: dict = {}
         self._trickler: Trickler | None = None
         self._tarpits: list[TarpitListener] = []
@@ -206,6 +223,11 @@ class FaultLab:
         any thread)."""
         return {"tarpit": sum(t.queue()[0] for t in self._tarpits),
                 **{k: len(s) for k, s in self.conns.items()}}
+
+    def peers(self) -> dict[str, dict[str, int]]:
+        """Kind -> client address -> connections accepted from it since start (not the tarpit): across
+        network namespaces, what each host sent (:mod:`magpie.lab.netns`)."""
+        return {k: dict(s.peers) for k, s in self.conns.items()}
 
     def tarpit_stats(self) -> dict[str, int]:
         """The tarpit's totals (:func:`magpie.lab.tarpit.tarpit_stats`): ``listeners``, ``queued``,
@@ -330,8 +352,10 @@ def start_free_fault_lab(host_base: str = DEFAULT_HOST_BASE, slow_delay: float =
 
 
 def _write_stats(path: str, lab: FaultLab) -> None:
-    """Replace ``path`` (atomically) with ``{"tarpit": lab.tarpit_stats(), "connections": ..., "at": s}``."""
-    doc = {"tarpit": lab.tarpit_stats(), "connections": lab.connections(), "at": time.time()}
+    """Replace ``path`` (atomically) with ``{"tarpit": lab.tarpit_stats(), "connections": ..., "peers": ...,
+    "at": s}``."""
+    doc = {"tarpit": lab.tarpit_stats(), "connections": lab.connections(), "peers": lab.peers(),
+           "at": time.time()}
     tmp = f"{path}.tmp"
     with contextlib.suppress(OSError):
         with open(tmp, "w") as fh:

@@ -15,6 +15,8 @@ import shutil
 import socket
 import subprocess
 import uuid
+
+from magpie.errors import MagpieError
 from urllib.parse import quote
 
 HOST = "127.0.0.1"
@@ -24,7 +26,7 @@ PASSWORD = "guest"
 CTL_TIMEOUT_S = 60.0
 
 
-class RabbitUnavailable(RuntimeError):
+class RabbitUnavailable(MagpieError, RuntimeError):
     """RabbitMQ is not reachable (nothing on the port, or no working ``rabbitmqctl``)."""
 
 

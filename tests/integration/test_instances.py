@@ -148,6 +148,39 @@ def test_promote_splits_its_budget_between_beats_and_its_leases_between_engines(
     assert sum(len(m) for m in messages) == 30 and max(len(m) for m in messages) == 8 and len(messages) == 4
 
 
+def test_promote_sizes_its_messages_by_the_engines_slots_when_fewer_than_the_budget(redis_client, redis_prefix):
+    """A pass bounded by the slots (not the budget) still goes out in one message per engine: one engine
+    never takes the whole pass while the others idle (seen across network namespaces, docs/multinode.md)."""
+    from magpie.cycle import promote_with_settings
+    from magpie.queue import QueueKeys, RouteQueue
+    from magpie.queue.capacity import CapacityRegistry
+    from magpie.queue.payload import Payload
+    from magpie.routes import Route
+
+    q = RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
+    caps = CapacityRegistry(redis_client, q.keys)
+    for i in range(3):
+        caps.announce(f"engine-{i}", 4, 10_000)
+    items = []
+    for i in range(40):
+        h = f"{i:024x}"
+        items.append((h, Payload(i + 1, Route("http", "127.0.0.1", 1000 + i), h, [1]).encode()))
+    q.schedule(items)
+    for h, _ in items:
+        shard = q.keys.shard_of(h)
+        q.r.zadd(shard, {h: 1000 + int(h, 16)})
+        q.r.zadd(q.keys.heads, {shard: 1000})
+
+    class Sched:
+        promote_budget, max_inflight, pop_batch, routes_per_task = 20_000, 10_000, 16, 250
+
+    messages: list[list] = []
+    n = promote_with_settings(q, Sched, messages.append, capacity=caps.total())
+    # 12 slots over 3 engines: 12 claimed, in messages of at most 4 (not one message of 12)
+    assert n == 12
+    assert [len(m) for m in messages] == [4, 4, 4]
+
+
 def test_instance_sweep_job_runs_under_its_lock_and_reports_live_roles(settings, pg_url, redis_client,
                                                                        redis_prefix):
     import sqlalchemy as sa

@@ -45,14 +45,15 @@ WORKER_KILLS = ("kill-loop", "sigstop-past-lease", "poison-route", "mass-crash")
 
 
 def run_scenario(name: str, pg, quick: bool = True, log_dir: Path | None = None,
-                 keep_logs: bool = False, full: bool = False, broker: str = "redis") -> Outcome:
+                 keep_logs: bool = False, full: bool = False, broker: str = "redis", net=None) -> Outcome:
     """Run scenario ``name`` on the private PostgreSQL server ``pg`` (``full``: the long forms, see
-    :class:`Ctx`; ``broker``: ``redis`` or ``amqp``); a scenario that raises is returned as an Outcome
-    with the error as its failure. Raises KeyError for an unknown name."""
+    :class:`Ctx`; ``broker``: ``redis`` or ``amqp``; ``net``: a started
+    :class:`magpie.lab.chaos.netstack.Net` to run it across, ``pg`` then being ``net.pg``); a scenario that
+    raises is returned as an Outcome with the error as its failure. Raises KeyError for an unknown name."""
     fn = SCENARIOS[name]
     t0 = time.monotonic()
     try:
-        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full, broker))
+        out = fn(Ctx(pg, quick and not full, log_dir, keep_logs, full, broker, net))
     except Exception as exc:  # noqa: BLE001 - reported as a failed scenario
         out = Outcome(name, "?", failures=[f"{exc.__class__.__name__}: {str(exc).splitlines()[0][:300]}"])
     out.seconds = time.monotonic() - t0

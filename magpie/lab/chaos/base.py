@@ -53,7 +53,8 @@ class Ctx:
     """What a scenario gets: the private PostgreSQL server, ``quick`` (small sizes), a log directory
     (None: temporary, removed), ``keep_logs``, ``full`` (the long forms: the kill loop runs until routes
     meet several crashes), ``broker`` (``redis``: private Redis servers; ``amqp``: a vhost of the scenario's
-    own on the local RabbitMQ)."""
+    own on the local RabbitMQ), ``net`` (a started :class:`magpie.lab.chaos.netstack.Net`: the scenario
+    runs over network namespaces, its processes spread over the nodes; ``pg`` is then ``net.pg``)."""
 
     pg: PrivatePostgres
     quick: bool = True
@@ -61,12 +62,19 @@ class Ctx:
     keep_logs: bool = False
     full: bool = False
     broker: str = "redis"
+    net: object | None = None
 
 
 @contextmanager
 def stack(ctx: Ctx, name: str, **kw) -> Iterator[Stack]:
     """A started :class:`Stack` (services up, nothing spawned), closed afterwards whatever happens."""
-    st = Stack(name, ctx.pg, log_dir=(ctx.log_dir / name) if ctx.log_dir else None, broker=ctx.broker, **kw)
+    log_dir = (ctx.log_dir / name) if ctx.log_dir else None
+    if ctx.net is not None:
+        from magpie.lab.chaos.netstack import NetStack
+
+        st = NetStack(name, ctx.net, log_dir=log_dir, **kw)
+    else:
+        st = Stack(name, ctx.pg, log_dir=log_dir, broker=ctx.broker, **kw)
     try:
         st.start_services()
         yield st
@@ -76,7 +84,20 @@ def stack(ctx: Ctx, name: str, **kw) -> Iterator[Stack]:
 
 def start_all(st: Stack, checks: int = 1, beats: int = 1, engines_timeout: float = 90.0) -> None:
     """Spawn the Procfile's processes (jobs, ``checks`` check workers, promote, ``beats`` beats) and wait
-    until every check engine announced its slots."""
+    until every check engine announced its slots. On a :class:`magpie.lab.chaos.netstack.NetStack`,
+    every node runs jobs, promote and at least one check worker (``checks`` beyond the node count go
+    round the nodes), beats go one per node from node1."""
+    nodes = getattr(st, "nodes", None)
+    if nodes:
+        for n in nodes:
+            st.spawn("jobs", node=n)
+            st.spawn("promote", node=n)
+        for i in range(max(checks, len(nodes))):
+            st.spawn("checks", node=nodes[i % len(nodes)])
+        for i in range(beats):
+            st.spawn("beat", node=nodes[i % len(nodes)])
+        st.wait_engines(max(checks, len(nodes)), engines_timeout)
+        return
     st.spawn("jobs")
     for _ in range(checks):
         st.spawn("checks")

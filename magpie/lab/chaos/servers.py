@@ -40,27 +40,37 @@ class PrivateRedis:
     ``start()`` -> client (also after :meth:`kill`, same port); ``kill()`` SIGKILLs it, ``pause()`` /
     ``resume()`` send SIGSTOP / SIGCONT, ``stop()`` kills it and removes its directory. Raises
     :class:`ServerError` when ``redis-server`` is not installed or does not answer within 5 s.
+
+    ``host`` / ``port`` / ``wrap`` place it elsewhere: ``wrap`` turns the command line into the one to run
+    (e.g. :meth:`magpie.lab.netns.Topology.argv` for a namespace whose address is ``host``; protected mode
+    is then off, so clients of other hosts are served) and ``track`` is called with each started Popen.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, wrap=None, track=None) -> None:
         self.exe = shutil.which("redis-server")
         if self.exe is None:
             raise ServerError("redis-server binary not installed")
-        self.port = free_port()
+        self.host = host
+        self.port = port or free_port()
+        self.wrap, self.track = wrap, track
         self.dir = tempfile.mkdtemp(prefix="magpie-chaos-redis-")
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        """``redis://127.0.0.1:<port>/0``."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        """``redis://<host>:<port>/0``."""
+        return f"redis://{self.host}:{self.port}/0"
 
     def start(self) -> redis.Redis:
-        self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--maxclients", "1000"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        c = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=1)
+        argv = [self.exe, "--port", str(self.port), "--bind", self.host, "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--maxclients", "1000"]
+        if self.wrap is not None:
+            argv = self.wrap([*argv, "--protected-mode", "no"])
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        if self.track is not None:
+            self.track(self.proc)
+        c = redis.Redis(host=self.host, port=self.port, socket_timeout=2, socket_connect_timeout=1)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             try:
@@ -106,11 +116,18 @@ class PrivatePostgres:
     transactions read-only or writable again (``ALTER SYSTEM`` + reload: sessions already open see it at
     once, pings still succeed), ``destroy()`` stops it and removes the cluster. ``url(db)`` is a
     SQLAlchemy URL. Raises :class:`ServerError` when a binary is missing or the server does not start.
+
+    ``host`` / ``port`` / ``wrap`` / ``track`` place it elsewhere as for :class:`PrivateRedis`; with
+    ``trust_cidr`` (e.g. ``10.231.7.0/24``) clients of that network are trusted too. When root, a wrapped
+    postmaster drops to the ``postgres`` user with ``setpriv`` inside the wrapper.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int | None = None, wrap=None, track=None,
+                 trust_cidr: str | None = None) -> None:
         self.initdb, self.postgres = _pg_bin("initdb"), _pg_bin("postgres")
-        self.port = free_port()
+        self.host = host
+        self.port = port or free_port()
+        self.wrap, self.track, self.trust_cidr = wrap, track, trust_cidr
         self.dir = tempfile.mkdtemp(prefix="magpie-chaos-pg-")
         self.data = os.path.join(self.dir, "data")
         self.proc: subprocess.Popen | None = None
@@ -121,7 +138,7 @@ class PrivatePostgres:
 
     def url(self, db: str = "postgres") -> str:
         """SQLAlchemy URL of database ``db`` on this server (user ``postgres``, no password)."""
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/{db}"
+        return f"postgresql+psycopg2://postgres@{self.host}:{self.port}/{db}"
 
     def _as_user(self) -> dict:
         """``subprocess`` arguments running a child as the ``postgres`` user when we are root."""
@@ -136,12 +153,23 @@ class PrivatePostgres:
                                check=False, cwd=self.dir, **self._as_user())
             if p.returncode != 0:
                 raise ServerError(f"initdb failed: {(p.stderr or p.stdout).strip()[-300:]}")
+            if self.trust_cidr:
+                with open(os.path.join(self.data, "pg_hba.conf"), "a") as fh:
+                    fh.write(f"host all all {self.trust_cidr} trust\n")
+        argv = [self.postgres, "-D", self.data, "-p", str(self.port), "-h", self.host, "-k", self.dir,
+                "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+                "-c", "shared_buffers=32MB", "-c", "max_connections=60"]
+        user = self._as_user()
+        if self.wrap is not None:
+            if self._user is not None:
+                argv = ["setpriv", f"--reuid={self._user.pw_uid}", f"--regid={self._user.pw_gid}",
+                        "--clear-groups", *argv]
+            argv, user = self.wrap(argv), {}
         with open(os.path.join(self.dir, "postgres.log"), "ab") as log:
-            self.proc = subprocess.Popen(
-                [self.postgres, "-D", self.data, "-p", str(self.port), "-h", "127.0.0.1", "-k", self.dir,
-                 "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-                 "-c", "shared_buffers=32MB", "-c", "max_connections=60"],
-                stdout=subprocess.DEVNULL, stderr=log, start_new_session=True, cwd=self.dir, **self._as_user())
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=log, start_new_session=True, cwd=self.dir, **user)
+        if self.track is not None:
+            self.track(self.proc)
         import psycopg2
 
         deadline = time.monotonic() + 30
@@ -150,7 +178,7 @@ class PrivatePostgres:
                 raise ServerError(f"private postgres exited (rc={self.proc.returncode}), see "
                                   f"{os.path.join(self.dir, 'postgres.log')}")
             try:
-                psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname="postgres",
+                psycopg2.connect(host=self.host, port=self.port, user="postgres", dbname="postgres",
                                  connect_timeout=1).close()
                 return
             except psycopg2.OperationalError:
@@ -174,7 +202,7 @@ class PrivatePostgres:
         """Run one statement with autocommit (e.g. ``CREATE DATABASE``)."""
         import psycopg2
 
-        c = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres", dbname=db, connect_timeout=5)
+        c = psycopg2.connect(host=self.host, port=self.port, user="postgres", dbname=db, connect_timeout=5)
         try:
             c.autocommit = True
             with c.cursor() as cur:

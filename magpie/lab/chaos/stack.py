@@ -62,10 +62,11 @@ BASE_ENV = {
 
 
 class Proc:
-    """One spawned Celery process group: ``role``, ``popen``, ``log`` (path)."""
+    """One spawned Celery process group: ``role``, ``popen``, ``log`` (path), ``node`` (the network
+    namespace host it runs in, :class:`magpie.lab.chaos.netstack.NetStack`; None on this host)."""
 
-    def __init__(self, role: str, popen: subprocess.Popen, log: Path) -> None:
-        self.role, self.popen, self.log = role, popen, log
+    def __init__(self, role: str, popen: subprocess.Popen, log: Path, node: str | None = None) -> None:
+        self.role, self.popen, self.log, self.node = role, popen, log, node
 
     @property
     def pid(self) -> int:
@@ -233,23 +234,34 @@ class Stack:
 
     # -- processes ------------------------------------------------------------------------------------
 
-    def spawn(self, role: str, **env: str) -> Proc:
+    def spawn(self, role: str, node: str | None = None, **env: str) -> Proc:
         """Start one Procfile process (``promote``, ``checks``, ``jobs`` or ``beat``) in its own session,
-        output to its own log; ``env`` overrides settings for this process only."""
+        output to its own log; ``env`` overrides settings for this process only. ``node``: the host to run
+        it on (subclasses with several hosts; None: :meth:`place` picks)."""
         self._n += 1
-        log = self.dir / f"{role}-{self._n}.log"
+        node = node or self.place(role)
+        log = self.dir / f"{role}-{self._n}{'-' + node if node else ''}.log"
         if role == "beat":
             args = ["beat", f"--schedule={self.dir / f'beat-{self._n}'}"]
         else:
-            args = [*ROLES[role], "-n", f"{role}{self._n}@chaos", "--without-mingle", "--without-gossip"]
+            args = [*ROLES[role], "-n", f"{role}{self._n}@{node or 'chaos'}", "--without-mingle",
+                    "--without-gossip"]
         args.append(f"--loglevel={self.env['MAGPIE_LOG_LEVEL']}")
         with open(log, "ab") as fh:
-            popen = subprocess.Popen([sys.executable, "-m", "celery", "-A", "magpie", *args], cwd=ROOT,
-                                     env={**self.env, **env}, stdin=subprocess.DEVNULL, stdout=fh,
+            popen = subprocess.Popen(self.wrap(node, [sys.executable, "-m", "celery", "-A", "magpie", *args]),
+                                     cwd=ROOT, env={**self.env, **env}, stdin=subprocess.DEVNULL, stdout=fh,
                                      stderr=subprocess.STDOUT, start_new_session=True)
-        p = Proc(role, popen, log)
+        p = Proc(role, popen, log, node)
         self.procs.append(p)
         return p
+
+    def place(self, role: str) -> str | None:
+        """The host a new ``role`` process runs on (None: this one, the only host of a plain Stack)."""
+        return None
+
+    def wrap(self, node: str | None, argv: list[str]) -> list[str]:
+        """The command line that runs ``argv`` on ``node`` (here: ``argv`` itself)."""
+        return argv
 
     def running(self, role: str) -> list[Proc]:
         return [p for p in self.procs if p.role == role and p.alive()]

@@ -91,27 +91,45 @@ def kill_loop(ctx: Ctx) -> Outcome:
     return out
 
 
+def _tcp_to(pid: int, host: str, port: int) -> int:
+    """Established TCP connections process ``pid`` holds to ``host:port`` (IPv4), read from its own
+    ``/proc/<pid>/net/tcp``, the table of the network namespace it runs in (psutil reads the caller's,
+    which misses processes in :mod:`magpie.lab.netns` namespaces); 0 when it is gone."""
+    import socket
+    import struct
+
+    want = f"{struct.unpack('<I', socket.inet_aton(host))[0]:08X}:{port:04X}"
+    try:
+        inodes = set()
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+        with open(f"/proc/{pid}/net/tcp") as fh:
+            rows = fh.read().splitlines()[1:]
+    except OSError:
+        return 0
+    n = 0
+    for row in rows:
+        f = row.split()
+        if len(f) > 9 and f[2] == want and f[3] == "01" and f[9] in inodes:  # 01: ESTABLISHED
+            n += 1
+    return n
+
+
 def _inflight_pid(pid: int, address: str) -> int:
     """TCP connections process ``pid`` holds to ``address`` (0 when it is gone)."""
     host, port = address.rsplit(":", 1)
-    try:
-        return sum(1 for c in psutil.Process(pid).net_connections("tcp4")
-                   if c.raddr and c.raddr.ip == host and c.raddr.port == int(port))
-    except psutil.Error:
-        return 0
+    return _tcp_to(pid, host, int(port))
 
 
 def _inflight(worker, address: str) -> int:
     """TCP connections the worker's processes hold to ``address`` (checks in flight through it)."""
     host, port = address.rsplit(":", 1)
-    n = 0
-    for pid in worker.pids():
-        try:
-            n += sum(1 for c in psutil.Process(pid).net_connections("tcp4")
-                     if c.raddr and c.raddr.ip == host and c.raddr.port == int(port))
-        except psutil.Error:
-            pass
-    return n
+    return sum(_tcp_to(pid, host, int(port)) for pid in worker.pids())
 
 
 def sigstop(ctx: Ctx) -> Outcome:
