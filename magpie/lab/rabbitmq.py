@@ -15,9 +15,9 @@ import shutil
 import socket
 import subprocess
 import uuid
+from urllib.parse import quote
 
 from magpie.errors import MagpieError
-from urllib.parse import quote
 
 HOST = "127.0.0.1"
 PORT = 5672
