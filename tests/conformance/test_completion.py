@@ -27,6 +27,16 @@ def _results(r, key):
     return [{k.decode(): v.decode() for k, v in f.items()} for _, f in r.xrange(key)]
 
 
+def _target(cq, results_key) -> StreamTarget:
+    """The deployment's results stream (a partitioned schedule writes it to each partition's own)."""
+    return StreamTarget(results_key("stats:results"), "g", 1000)
+
+
+def _streams(cq, stream) -> list[str]:
+    """Every stream ``stream``'s entries land in: one, or one per partition."""
+    return [cq.stream_of(q, stream).key for q in cq.parts] if hasattr(cq, "parts") else [stream.key]
+
+
 def test_ownership_changes_and_results_complete_together(cq, clock, redis_client, results_key):
     items = [item(1, [1]), item(2, [1, 2]), item(3, [1])]
     cq.schedule(items)
@@ -36,14 +46,15 @@ def test_ownership_changes_and_results_complete_together(cq, clock, redis_client
     (h1, _), (h2, _), (h3, _) = items
     # an import adds workspace 3 to route 2 while its lease is out
     cq.put_payload(h2, Payload(2, Route("socks5", "127.0.0.1", 3002), h2, [1, 2, 3]).encode())
-    stream = StreamTarget(results_key(), "g", 1000)
+    stream = _target(cq, results_key)
     comp = cq.complete_with_results(leases, [{"n": "1"}, {"n": "2"}, {"n": "3"}], stream,
                                     desired=[None, json.dumps({"w": [2]}), json.dumps({"w": []})])
     assert comp.codes == [COMPLETED, COMPLETED, REMOVED]
     assert json.loads(cq.payload(h1))["w"] == [1]
     assert json.loads(cq.payload(h2))["w"] == [2, 3]  # only the holder's delta; the import's owner stays
     assert cq.payload(h3) is None and cq.score(h3) is None
-    assert sorted(r["n"] for r in _results(redis_client, stream.key)) == ["1", "2"]  # none for the removed
+    got = [r["n"] for key in _streams(cq, stream) for r in _results(redis_client, key)]
+    assert sorted(got) == ["1", "2"]  # none for the removed
     assert cq.status()["totals"]["leased"] == 0
 
 
@@ -54,10 +65,10 @@ def test_a_stale_holders_ownership_change_changes_nothing(cq, clock, redis_clien
     stale = cq.pop(1)[0]
     clock.advance(10_001)
     current = cq.pop(1)[0]
-    stream = StreamTarget(results_key(), "g", 1000)
+    stream = _target(cq, results_key)
     comp = cq.complete_with_results([stale], [{"n": "1"}], stream, desired=[json.dumps({"w": []})])
     assert comp.codes == [LEASE_LOST] and stale.cancelled
-    assert cq.payload(h) == p and redis_client.xlen(stream.key) == 0
+    assert cq.payload(h) == p and sum(redis_client.xlen(key) for key in _streams(cq, stream)) == 0
     cq.complete_one(current)
 
 

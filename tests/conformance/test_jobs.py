@@ -31,7 +31,7 @@ def job_settings(backend, redis_prefix, pg_url, redis_url):
     return load_settings(**extra, redis_url=redis_url, broker_url=REDIS_URL, redis_prefix=redis_prefix,
                          database_url=pg_url,
                          schedule_url=pg_url if backend == "postgresql" else None,
-                         schedule_partitions=PARTITIONS if backend == "redis-partitioned" else 1,
+                         schedule_partitions=PARTITIONS if backend.endswith("-partitioned") else 1,
                          encryption_key="test-key-0123456789abcdef")
 
 
