@@ -1,7 +1,7 @@
 """Conformance suite fixtures: every test runs once per schedule provider: ``redis``, ``redis-partitioned``
 (the Redis schedule over 4 partitions), ``postgresql``, ``redis-cluster`` (the Redis schedule on a private
 3+3 Redis Cluster, one partition, see tests/private_cluster.py) and ``redis-cluster-partitioned`` (4
-partitions spread over that cluster's masters; slow tier).
+partitions spread over that cluster's masters); the two cluster providers run in the slow tier.
 
 Fixture API (use these names in any test file of this folder):
 
@@ -103,7 +103,8 @@ class Clock:
         self.now += int(ms)
 
 
-BACKENDS = ("redis", "redis-partitioned", "postgresql", "redis-cluster",
+BACKENDS = ("redis", "redis-partitioned", "postgresql",
+            pytest.param("redis-cluster", marks=pytest.mark.slow),
             pytest.param("redis-cluster-partitioned", marks=pytest.mark.slow))
 PARTITIONS = 4
 """Partitions of the ``redis-partitioned`` and ``redis-cluster-partitioned`` providers."""
