@@ -312,6 +312,12 @@ def server_cpu_s(client: redis.Redis) -> float:
     return float(i["used_cpu_sys"]) + float(i["used_cpu_user"])
 
 
+def server_command_us(client: redis.Redis) -> int:
+    """Microseconds a redis-server has spent executing commands so far (``INFO commandstats`` usec summed,
+    ``INFO`` itself left out): the scripts' own work, without the event loop, network and replication."""
+    return sum(int(v["usec"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info")
+
+
 def compare_cluster(a) -> int:
     """``--cluster``: claim+complete routes/s and Redis CPU per route of one partition on one private
     redis-server (the baseline), and of 1, 2 and 3 partitions (also ``--partitions`` when more) and of one
@@ -368,19 +374,23 @@ def compare_cluster(a) -> int:
         best: dict = {}
         routes: dict = {}
         cpu: dict = {}
+        commands: dict = {}
         for _ in range(a.rounds):  # alternate: a shared machine's load swings a lot
             for fig in figures:
                 for ci, (config, n, url, wait, prefix, ports) in enumerate(configs):
                     before = {p: server_cpu_s(clients[p]) for p in ports}
+                    cmd0 = sum(server_command_us(clients[p]) for p, role in ports.items() if role == "master")
                     batch, procs = fig
                     if procs == 1:
                         rate, done = cycle_run(prefix, batch, a.seconds, n, url, wait)
                     else:
                         rate, done = parallel_run(cycles_ours, prefix, batch, a.seconds, procs, n, url, wait)
+                    cmd1 = sum(server_command_us(clients[p]) for p, role in ports.items() if role == "master")
                     after = {p: server_cpu_s(clients[p]) for p in ports}
                     key = (ci, fig)
                     best[key] = max(best.get(key, 0.0), rate)
                     routes[key] = routes.get(key, 0) + done
+                    commands[key] = commands.get(key, 0) + cmd1 - cmd0
                     per_port = cpu.setdefault(key, {})
                     for p in ports:
                         per_port[p] = per_port.get(p, 0.0) + after[p] - before[p]
@@ -390,7 +400,8 @@ def compare_cluster(a) -> int:
               "shared cores the servers, the benchmark's processes and other load compete, so routes/s "
               "totals do not scale here. master_bound_routes_per_s = 1e6 / the busiest master's CPU us per "
               "route: the rate that saturates that master's core if it has one of its own (clients not the "
-              "limit).")
+              "limit). master_command_us_per_route: the masters' INFO commandstats usec per route (the "
+              "commands' own execution; the rest of the CPU is the event loop, network and replication).")
         for fig in figures:
             batch, procs = fig
             base = best[(0, fig)]
@@ -409,6 +420,7 @@ def compare_cluster(a) -> int:
                       f"master_cpu_us_per_route={m / done * 1e6:.1f} "
                       f"replica_cpu_us_per_route={r / done * 1e6:.1f} "
                       f"busiest_master_cpu_us_per_route={busiest:.1f} "
+                      f"master_command_us_per_route={commands[key] / done:.1f} "
                       f"master_bound_routes_per_s={1e6 / max(busiest, 1e-9):.0f}{extra}")
     finally:
         cluster.stop()
