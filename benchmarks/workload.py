@@ -39,7 +39,11 @@ def payload_for(i: int) -> tuple[str, str]:
 
 
 class PrivateRedis:
-    """A ``redis-server`` on a free loopback port in a temporary directory, stopped by PID."""
+    """A ``redis-server`` on a free loopback port in a temporary directory, stopped by PID (:meth:`stop`).
+
+    ``aof``: AOF with ``appendfsync everysec`` (else no persistence); ``noeviction``. :attr:`client` is a
+    plain client, :attr:`url` its ``redis://`` URL. Raises ``SystemExit`` (one line) when ``redis-server``
+    is not installed or does not answer within 10 s."""
 
     def __init__(self, aof: bool = False):
         exe = shutil.which("redis-server")
