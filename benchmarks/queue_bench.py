@@ -6,11 +6,23 @@ encryption (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``) off and on, all measured in one
         [--encrypt]
     .venv/bin/python benchmarks/queue_bench.py --backend postgresql [--routes 100000] [--sustain 60]
     .venv/bin/python benchmarks/queue_bench.py --partitions 4 [--routes 200000] [--seconds 5]
+    .venv/bin/python benchmarks/queue_bench.py --cluster [--routes 20000] [--seconds 2] [--rounds 2]
 
 ``--partitions N`` compares the partitioned schedule (``MAGPIE_SCHEDULE_PARTITIONS=N``) with one partition on
 the same Redis in the same run: the same routes imported into each, then claim+complete cycles (routes/s, one
 route and ``--batch`` routes per call, one process and ``--procs`` processes), each N-partition figure with its
 ratio to the one-partition figure (best of ``--rounds`` alternating rounds of each, default 3).
+
+``--cluster`` starts its own servers (one plain ``redis-server`` and a ``magpie.lab.cluster.LocalCluster``,
+3 masters + 3 replicas, all on free loopback ports, stopped by PID at the end) and measures, in one run,
+claim+complete routes/s (one route per call, ``--batch`` per call, and ``--batch`` per call from ``--procs``
+processes) of: one partition on the plain server (the baseline), 1, 2 and 3 partitions on the cluster
+(partition K's slot moved to master K mod 3 first; the placement is printed), and one partition on the
+cluster with ``WAIT 1`` after every claim and completion (``MAGPIE_REDIS_WAIT_REPLICAS=1``). Each figure has
+its ratio to the baseline and the Redis CPU per route (``INFO cpu`` used_cpu_sys + used_cpu_user deltas
+summed over the servers, masters and replicas separately, divided by the routes cycled), the figure that
+carries over to bigger machines. Lines start with ``queue_bench `` and are key=value pairs. A default run
+takes about 70 s.
 
 ``--backend postgresql`` runs the same workload (import, claim+complete one route and ``--batch`` routes per
 call, ``--procs`` processes) on Redis and on the PostgreSQL schedule in a private database created for the
@@ -41,6 +53,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
+from magpie import redisconn  # noqa: E402
 from magpie.crypto import get_keyring  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
 from magpie.routes import Route  # noqa: E402
@@ -71,27 +84,46 @@ PARTITIONS = 1
 """Partitions of the schedule :func:`queue` builds (``--partitions``; set per run of :func:`cycles_ours`)."""
 
 
-def queue(prefix: str, partitions: int | None = None):
-    # interval 1 ms: every completed route is due again at once, so the supply never runs out
+def queue(prefix: str, partitions: int | None = None, url: str | None = None, wait: int = 0):
+    """The schedule under ``prefix`` on ``url`` (default ``MAGPIE_REDIS_URL``; a ``redis+cluster://`` URL
+    gives a cluster client): a :class:`RouteQueue` for one partition, else a :class:`PartitionedSchedule`.
+    Interval 1 ms (every completed route is due again at once, so the supply never runs out), lease 300 s;
+    ``wait`` > 0 sends ``WAIT <wait> 1000`` after every claim and completion (``MAGPIE_REDIS_WAIT_REPLICAS``
+    with a 1 s timeout)."""
     n = PARTITIONS if partitions is None else partitions
+    client = redisconn.connect(url or URL)
     if n > 1:
         from magpie.queue.partitioned import PartitionedSchedule
 
-        return PartitionedSchedule(redis.Redis.from_url(URL), prefix, SHARDS, n, interval_ms=1, lease_ms=300_000)
-    return RouteQueue(redis.Redis.from_url(URL), QueueKeys(prefix, SHARDS), interval_ms=1, lease_ms=300_000)
+        q = PartitionedSchedule(client, prefix, SHARDS, n, interval_ms=1, lease_ms=300_000,
+                                tagged=redisconn.is_cluster(client) or None)
+    else:
+        q = RouteQueue(client, QueueKeys(prefix, SHARDS), interval_ms=1, lease_ms=300_000)
+    for part in getattr(q, "parts", [q]):
+        part.wait_replicas, part.wait_timeout_ms = wait, 1000
+    return q
 
 
-def cycles_ours(prefix: str, batch: int, seconds: float, out=None, partitions: int | None = None) -> float:
-    """Claim+complete cycles (routes/s) through pop.lua + complete.lua, ``batch`` routes per call."""
-    q = queue(prefix, partitions)
+def cycle_run(prefix: str, batch: int, seconds: float, partitions: int | None = None, url: str | None = None,
+              wait: int = 0) -> tuple[float, int]:
+    """Claim+complete cycles through pop.lua + complete.lua, ``batch`` routes per call, for ``seconds`` s.
+    Returns ``(routes/s, routes completed)``."""
+    q = queue(prefix, partitions, url, wait)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         leases = q.pop(batch)
         codes = q.complete(leases)
         n += sum(1 for c in codes if c == 1)
-    rate = n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), n
+
+
+def cycles_ours(prefix: str, batch: int, seconds: float, out=None, partitions: int | None = None,
+                url: str | None = None, wait: int = 0) -> float:
+    """Claim+complete cycles (routes/s) through pop.lua + complete.lua, ``batch`` routes per call
+    (:func:`cycle_run`); with ``out`` (a multiprocessing queue) also puts ``(routes/s, routes)`` there."""
+    rate, n = cycle_run(prefix, batch, seconds, partitions, url, wait)
     if out is not None:
-        out.put(rate)
+        out.put((rate, n))
     return rate
 
 
@@ -118,19 +150,26 @@ def cycles_ceiling(prefix: str, batch: int, seconds: float, out=None) -> float:
         n += len(members)
     rate = n / (time.perf_counter() - t0)
     if out is not None:
-        out.put(rate)
+        out.put((rate, n))
     return rate
 
 
-def parallel(fn, prefix: str, batch: int, seconds: float, procs: int, *extra) -> float:
+def parallel_run(fn, prefix: str, batch: int, seconds: float, procs: int, *extra) -> tuple[float, int]:
+    """``fn`` (:func:`cycles_ours` or :func:`cycles_ceiling`) in ``procs`` processes at once. Returns
+    ``(summed routes/s, summed routes)``."""
     out = mp.Queue()
     ps = [mp.Process(target=fn, args=(prefix, batch, seconds, out, *extra)) for _ in range(procs)]
     for p in ps:
         p.start()
-    rates = [out.get() for _ in ps]
+    got = [out.get() for _ in ps]
     for p in ps:
         p.join()
-    return sum(rates)
+    return sum(r for r, _ in got), sum(n for _, n in got)
+
+
+def parallel(fn, prefix: str, batch: int, seconds: float, procs: int, *extra) -> float:
+    """Summed routes/s of :func:`parallel_run`."""
+    return parallel_run(fn, prefix, batch, seconds, procs, *extra)[0]
 
 
 def main() -> int:
@@ -140,16 +179,29 @@ def main() -> int:
         return pg_main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=["redis", "postgresql"], default="redis")
-    ap.add_argument("--routes", type=int, default=1_000_000)
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--routes", type=int, default=None,
+                    help="routes imported (default 1,000,000; with --cluster 20,000 per configuration)")
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="seconds per figure (default 5; with --cluster 2)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--encrypt", action="store_true", help="import payloads with sealed credentials")
     ap.add_argument("--partitions", type=int, default=1,
                     help="compare N partitions with one partition (claim+complete routes/s, same run)")
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="with --partitions: alternating rounds per figure, the best of each side kept")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="with --partitions / --cluster: alternating rounds per figure, the best of each kept "
+                         "(default 3; with --cluster 2)")
+    ap.add_argument("--cluster", action="store_true",
+                    help="1, 2 and 3 partitions on a private local Redis Cluster (3 masters + 3 replicas) "
+                         "against one private redis-server, with Redis CPU per route")
     a = ap.parse_args()
+    for name, plain, clustered in (("routes", 1_000_000, 20_000), ("seconds", 5.0, 2.0), ("rounds", 3, 2)):
+        if getattr(a, name) is None:
+            setattr(a, name, clustered if a.cluster else plain)
+    if a.routes < 1 or a.seconds <= 0 or a.rounds < 1 or a.batch < 1 or a.procs < 1:
+        ap.error("--routes, --seconds, --rounds, --batch and --procs must be positive")
+    if a.cluster:
+        return compare_cluster(a)
     if a.partitions > 1:
         return compare_partitions(a)
     cipher = get_keyring("bench-key-0123456789abcdef").queue if a.encrypt else None
@@ -251,6 +303,128 @@ def compare_partitions(a) -> int:
             keys = list(r.scan_iter(match=f"*{prefix}*", count=10_000))
             for i in range(0, len(keys), 10_000):
                 r.delete(*keys[i: i + 10_000])
+    return 0
+
+
+def server_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds a redis-server has used so far (``INFO cpu`` ``used_cpu_sys + used_cpu_user``)."""
+    i = client.info("cpu")
+    return float(i["used_cpu_sys"]) + float(i["used_cpu_user"])
+
+
+def server_command_us(client: redis.Redis) -> int:
+    """Microseconds a redis-server has spent executing commands so far (``INFO commandstats`` usec summed,
+    ``INFO`` itself left out): the scripts' own work, without the event loop, network and replication."""
+    return sum(int(v["usec"]) for k, v in client.info("commandstats").items() if k != "cmdstat_info")
+
+
+def compare_cluster(a) -> int:
+    """``--cluster``: claim+complete routes/s and Redis CPU per route of one partition on one private
+    redis-server (the baseline), and of 1, 2 and 3 partitions (also ``--partitions`` when more) and of one
+    partition with ``WAIT 1`` on a private local Redis Cluster (3 masters + 3 replicas), each partition's
+    slot placed on its own master (partition K on master K mod 3). Every server is started here and stopped
+    by PID at the end; the shared Redis is not touched. Prints ``queue_bench ...`` key=value lines."""
+    from magpie.lab.cluster import LocalCluster, key_slot
+    from magpie.queue.partitions import partition_names
+
+    from workload import PrivateRedis
+
+    counts = sorted({1, 2, 3, max(a.partitions, 1)})
+    partition_names(counts[-1])  # range check: 1..1024
+    figures = list(dict.fromkeys([(1, 1), (a.batch, 1), (a.batch, a.procs)]))  # (routes per call, processes)
+    print(f"queue_bench setup routes={a.routes} shards={SHARDS} batch={a.batch} procs={a.procs} "
+          f"seconds_per_figure={a.seconds} rounds={a.rounds} cluster_partitions={','.join(map(str, counts))}")
+    plain = PrivateRedis()
+    cluster = LocalCluster()
+    try:
+        t0 = time.perf_counter()
+        cluster.start()
+        print(f"local cluster (3 masters + 3 replicas) up in {time.perf_counter() - t0:.1f} s")
+        masters = cluster.masters_ports()
+        for k, name in enumerate(partition_names(counts[-1])):  # p0 -> master 0, p1 -> master 1, ...
+            cluster.migrate_slot(key_slot("{" + name + "}"), masters[k % len(masters)])
+        cluster.wait_ok()
+        nodes = {n.port: n.client() for n in cluster.nodes}
+        roles = {p: ("master" if c.info("replication")["role"] == "master" else "replica")
+                 for p, c in nodes.items()}
+
+        # (config, partitions, url, wait, prefix, {port: role})
+        configs = [("single", 1, plain.url, 0, "magpie-bench:single:", {plain.port: "master"})]
+        for n in counts:
+            configs.append(("cluster", n, cluster.url, 0, f"magpie-bench:p{n}:", roles))
+        configs.append(("cluster-wait1", 1, cluster.url, 1, "magpie-bench:p1:", roles))
+        clients = {plain.port: plain.client, **nodes}
+        for config, n, url, wait, prefix, _ in configs:
+            if wait:
+                continue  # the same routes as the one-partition cluster figure
+            if config == "cluster":
+                for name in partition_names(n):
+                    slot = key_slot("{" + name + "}")
+                    print(f"queue_bench placement partitions={n} partition={name} slot={slot} "
+                          f"master=127.0.0.1:{cluster.master_port_of(slot)}")
+            q = queue(prefix, n, url)
+            t0 = time.perf_counter()
+            for off in range(0, a.routes, 10_000):
+                q.schedule((payload_for(i) for i in range(off, min(off + 10_000, a.routes))), total=a.routes,
+                           start_index=off, batch=500)
+            rate = a.routes / (time.perf_counter() - t0)
+            print(f"import, {config} {n} partition(s): {rate:,.0f} routes/s")
+
+        # per (config index, figure): best routes/s of the rounds; routes and CPU s per port summed over them
+        best: dict = {}
+        routes: dict = {}
+        cpu: dict = {}
+        commands: dict = {}
+        for _ in range(a.rounds):  # alternate: a shared machine's load swings a lot
+            for fig in figures:
+                for ci, (config, n, url, wait, prefix, ports) in enumerate(configs):
+                    before = {p: server_cpu_s(clients[p]) for p in ports}
+                    cmd0 = sum(server_command_us(clients[p]) for p, role in ports.items() if role == "master")
+                    batch, procs = fig
+                    if procs == 1:
+                        rate, done = cycle_run(prefix, batch, a.seconds, n, url, wait)
+                    else:
+                        rate, done = parallel_run(cycles_ours, prefix, batch, a.seconds, procs, n, url, wait)
+                    cmd1 = sum(server_command_us(clients[p]) for p, role in ports.items() if role == "master")
+                    after = {p: server_cpu_s(clients[p]) for p in ports}
+                    key = (ci, fig)
+                    best[key] = max(best.get(key, 0.0), rate)
+                    routes[key] = routes.get(key, 0) + done
+                    commands[key] = commands.get(key, 0) + cmd1 - cmd0
+                    per_port = cpu.setdefault(key, {})
+                    for p in ports:
+                        per_port[p] = per_port.get(p, 0.0) + after[p] - before[p]
+
+        print("Redis CPU per route (sum over the servers of INFO cpu used_cpu_sys + used_cpu_user deltas "
+              "/ routes cycled) is the figure that carries over to bigger machines; on this machine's "
+              "shared cores the servers, the benchmark's processes and other load compete, so routes/s "
+              "totals do not scale here. master_bound_routes_per_s = 1e6 / the busiest master's CPU us per "
+              "route: the rate that saturates that master's core if it has one of its own (clients not the "
+              "limit). master_command_us_per_route: the masters' INFO commandstats usec per route (the "
+              "commands' own execution; the rest of the CPU is the event loop, network and replication).")
+        for fig in figures:
+            batch, procs = fig
+            base = best[(0, fig)]
+            for ci, (config, n, _url, wait, _prefix, ports) in enumerate(configs):
+                key = (ci, fig)
+                done = max(routes[key], 1)
+                m = sum(v for p, v in cpu[key].items() if ports[p] == "master")
+                r = sum(v for p, v in cpu[key].items() if ports[p] != "master")
+                busiest = max(v for p, v in cpu[key].items() if ports[p] == "master") / done * 1e6
+                extra = ""
+                if wait:  # configs[1]: one partition on the cluster without WAIT
+                    extra = f" ratio_to_cluster_no_wait={best[key] / best[(1, fig)]:.2f}"
+                print(f"queue_bench config={config} partitions={n} batch={batch} procs={procs} "
+                      f"routes_per_s={best[key]:.0f} ratio_to_single={best[key] / base:.2f} "
+                      f"redis_cpu_us_per_route={(m + r) / done * 1e6:.1f} "
+                      f"master_cpu_us_per_route={m / done * 1e6:.1f} "
+                      f"replica_cpu_us_per_route={r / done * 1e6:.1f} "
+                      f"busiest_master_cpu_us_per_route={busiest:.1f} "
+                      f"master_command_us_per_route={commands[key] / done:.1f} "
+                      f"master_bound_routes_per_s={1e6 / max(busiest, 1e-9):.0f}{extra}")
+    finally:
+        cluster.stop()
+        plain.stop()
     return 0
 
 

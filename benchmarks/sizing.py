@@ -49,10 +49,8 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
@@ -72,7 +70,7 @@ from magpie.stats.consumer import ensure_group, ingest  # noqa: E402
 from magpie.stats.entry import entry_fields  # noqa: E402
 from magpie.stats.keys import GROUP, stream_key  # noqa: E402
 
-from workload import SHARDS, payload_for  # noqa: E402
+from workload import SHARDS, PrivateRedis, payload_for  # noqa: E402
 
 ADMIN = os.environ.get("MAGPIE_BENCH_PG_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
 POP_BATCH = 64  # MAGPIE_POP_BATCH default
@@ -112,49 +110,6 @@ for _e, _s in MIX:
 
 
 # -------------------------------------------------------------------------------------------- Redis
-
-
-class PrivateRedis:
-    """A ``redis-server`` on a free loopback port in a temporary directory, stopped by PID."""
-
-    def __init__(self, aof: bool):
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise SystemExit("redis-server not installed (apt-get install redis-server)")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.dir = tempfile.mkdtemp(prefix="magpie-sizing-")
-        argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--dir", self.dir,
-                "--maxmemory-policy", "noeviction"]
-        argv += (["--appendonly", "yes", "--appendfsync", "everysec", "--auto-aof-rewrite-percentage", "0"]
-                 if aof else ["--appendonly", "no"])
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise SystemExit("private redis-server did not start") from None
-                time.sleep(0.02)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def cpu(r: redis.Redis) -> tuple[float, float]:
