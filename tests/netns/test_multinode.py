@@ -1,7 +1,7 @@
 """magpie across several hosts: network namespaces joined by veth links on this machine (magpie.lab.netns).
 
-Redis, PostgreSQL, the lab's judge and fault servers and three worker nodes each run in a namespace of
-their own; the harness reaches them through its own link to the bridge. The slow tests run the
+Redis, a Redis Cluster over three more hosts, PostgreSQL, the lab's judge and fault servers and three
+worker nodes each run in a namespace of their own; the harness reaches them through its own link to the bridge. The slow tests run the
 multi-node scenarios of magpie.lab.chaos.multinode; the quick one checks the topology itself (links,
 cuts, teardown). Everything skips when this is not root or iproute2 is missing.
 
