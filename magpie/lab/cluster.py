@@ -22,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -106,8 +107,8 @@ class LocalCluster:
     nodes: list[Node] = field(default_factory=list)
     dir: str = ""
     hosts: list[str] | None = None
-    wrap: object = None
-    track: object = None
+    wrap: Callable[[str, list[str]], list[str]] | None = None
+    track: Callable[[subprocess.Popen], None] | None = None
     base_port: int = 7000
 
     def __post_init__(self):
