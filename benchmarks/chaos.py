@@ -24,8 +24,9 @@ Scenarios, each named after the public bug class it reproduces:
 With ``--nodes N`` (root, iproute2) the scenarios run over network namespaces (``magpie.lab.netns``): the
 schedule's Redis, PostgreSQL and the lab (judge and fault servers) each on a host of its own, the
 Procfile's workers on N node hosts (one beat on node1), all joined by veth links to one bridge; then the
-multi-node scenario ``link-cut`` follows (a node's link cut mid-run and restored) unless ``--scenarios``
-is given; ``--scenarios spread`` measures checks per node against slots per node (it fails today: see
+multi-node scenarios ``link-cut`` (a node's link cut mid-run and restored) and ``redis-failover`` (the
+schedule on a Redis Cluster over three more hosts, the host of a master cut off and restored) follow
+unless ``--scenarios`` is given; ``--scenarios spread`` measures checks per node against slots per node (it fails today: see
 docs/multinode.md). ``poison-route`` does not run there
 (its server lives in this process, which the nodes cannot reach).
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--nodes must be 1..20: {args.nodes}")
         names = [n for n in names if n not in NOT_ON_NODES]
         if "--scenarios" not in " ".join(argv if argv is not None else sys.argv):
-            names.append("link-cut")
+            names += ["link-cut", "redis-failover"]
     unknown = [n for n in names if n not in SCENARIOS and not (args.nodes and n in MULTINODE)]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             from magpie.lab.netns import NetnsError
 
             try:
-                net = Net(nodes=args.nodes).start()
+                net = Net(nodes=args.nodes, cluster_hosts=3).start()  # rc1..3 for redis-failover
             except NetnsError as exc:
                 print(f"chaos: {exc}", file=sys.stderr)
                 return 2

@@ -2,6 +2,12 @@
 ``redis-server`` (``--cluster-enabled yes``, no persistence) on free ports, joined with
 ``redis-cli --cluster create``; every process is stopped by its PID.
 
+Spread over hosts (``hosts=[a, b, c]``, ``wrap``): one master per host, bound to that host's address, and
+its replicas on the following hosts (master of host ``i`` -> replica on host ``i+1``, round the list), so
+losing one host loses one master, whose replica on another host is promoted; ``wrap(host, argv)`` turns a
+command line into the one run on that host (e.g. :meth:`magpie.lab.netns.Topology.argv`), ``track`` is
+called with every Popen. :meth:`LocalCluster.master_addr_of` names a slot's master as ``host:port``.
+
 Fault helpers: :meth:`LocalCluster.kill_master_of` (SIGKILL the master of a slot and wait until its
 replica is promoted and every live node agrees), :meth:`LocalCluster.migrate_slot` (the standard
 ``CLUSTER SETSLOT IMPORTING/MIGRATING`` + ``MIGRATE`` + ``SETSLOT NODE`` sequence).
@@ -16,6 +22,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
@@ -71,23 +78,38 @@ class Node:
     port: int
     proc: subprocess.Popen | None = None
     killed: bool = False
+    host: str = "127.0.0.1"
+
+    @property
+    def addr(self) -> str:
+        """``host:port``."""
+        return f"{self.host}:{self.port}"
 
     def client(self, **kw) -> redis.Redis:
         """A plain (non-cluster) client of this node alone."""
-        return redis.Redis(port=self.port, socket_timeout=kw.pop("socket_timeout", 2),
+        return redis.Redis(host=self.host, port=self.port, socket_timeout=kw.pop("socket_timeout", 2),
                            socket_connect_timeout=1, **kw)
 
 
 @dataclass
 class LocalCluster:
     """``masters`` masters with ``replicas`` replicas each; :meth:`start`, :meth:`stop`; :attr:`url` is
-    the ``redis+cluster://`` URL listing every node."""
+    the ``redis+cluster://`` URL listing every node.
+
+    ``hosts`` (default None: everything on 127.0.0.1, free ports): bind addresses, one master per host
+    (``masters`` is then ``len(hosts)``), replica ``j`` of host ``i``'s master on host ``i+1+j``; every
+    node of a host listens on ``base_port``, ``base_port+1``.. (bus: +10000). ``wrap(host, argv) -> argv``
+    runs a node elsewhere (a namespace holding ``host``), ``track(popen)`` is told of every process."""
 
     masters: int = 3
     replicas: int = 1
     node_timeout_ms: int = 2000
     nodes: list[Node] = field(default_factory=list)
     dir: str = ""
+    hosts: list[str] | None = None
+    wrap: Callable[[str, list[str]], list[str]] | None = None
+    track: Callable[[subprocess.Popen], None] | None = None
+    base_port: int = 7000
 
     def __post_init__(self):
         self.exe = shutil.which("redis-server")
@@ -100,16 +122,23 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
+        return "redis+cluster://" + ",".join(n.addr for n in self.nodes) + "/"
 
     def _spawn(self, node: Node) -> None:
-        node.proc = subprocess.Popen(
-            [self.exe, "--port", str(node.port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-             "--cluster-config-file", os.path.join(self.dir, f"nodes-{node.port}.conf"),
-             "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "", "--appendonly", "no",
-             "--dir", self.dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",  # replicas sync at once
-             "--logfile", os.path.join(self.dir, f"log-{node.port}.txt")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tag = f"{node.host}-{node.port}" if self.hosts else str(node.port)
+        argv = [self.exe, "--port", str(node.port), "--bind", node.host, "--cluster-enabled", "yes",
+                "--cluster-config-file", os.path.join(self.dir, f"nodes-{tag}.conf"),
+                "--cluster-node-timeout", str(self.node_timeout_ms), "--save", "", "--appendonly", "no",
+                "--dir", self.dir, "--protected-mode", "no", "--repl-diskless-sync-delay", "0",  # replicas sync at once
+                "--logfile", os.path.join(self.dir, f"log-{tag}.txt")]
+        if self.hosts:  # outgoing bus and replication links from the node's own address (Redis >= 7)
+            argv += ["--bind-source-addr", node.host]
+        if self.wrap is not None:
+            argv = self.wrap(node.host, argv)
+        node.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=self.wrap is not None)
+        if self.track is not None:
+            self.track(node.proc)
         node.killed = False
 
     def start(self, timeout: float = 60.0) -> "LocalCluster":
@@ -118,6 +147,8 @@ class LocalCluster:
         if not self.available:
             raise ClusterError("redis-server / redis-cli not installed")
         self.dir = tempfile.mkdtemp(prefix="magpie-cluster-")
+        if self.hosts:
+            return self._start_on_hosts(timeout)
         try:
             ports: set[int] = set()
             while len(ports) < self.masters * (1 + self.replicas):
@@ -138,6 +169,47 @@ class LocalCluster:
         except BaseException:
             self.stop()
             raise
+
+    def _start_on_hosts(self, timeout: float) -> "LocalCluster":
+        hosts = list(self.hosts)
+        if not 1 <= self.replicas < len(hosts):
+            self.stop()
+            raise ClusterError(f"{self.replicas} replica(s) per master need more than {self.replicas} hosts")
+        self.masters = len(hosts)
+        masters = [Node(self.base_port, host=h) for h in hosts]
+        reps = [(Node(self.base_port + 1 + j, host=hosts[(i + 1 + j) % len(hosts)]), i)
+                for j in range(self.replicas) for i in range(len(hosts))]
+        self.nodes = masters + [n for n, _ in reps]
+        try:
+            for n in self.nodes:
+                self._spawn(n)
+            for n in self.nodes:
+                wait_for(lambda n=n: n.client().ping(), 10, f"node {n.addr} to answer")
+            out = subprocess.run([self.cli, "--cluster", "create", *[n.addr for n in masters], "--cluster-yes"],
+                                 capture_output=True, text=True, timeout=timeout)
+            if out.returncode != 0:
+                raise ClusterError("redis-cli --cluster create failed: " + (out.stdout + out.stderr)[-500:])
+            for n, i in reps:  # join, then follow the master of the host before
+                n.client().execute_command("CLUSTER MEET", masters[i].host, masters[i].port)
+            ids = [self._id(m) for m in masters]
+            for n, i in reps:
+                wait_for(lambda n=n, i=i: self._knows(n, ids[i]), timeout, f"{n.addr} to learn of its master")
+                n.client().execute_command("CLUSTER REPLICATE", ids[i])
+            self.wait_ok(timeout)
+            return self
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _id(node: Node) -> str:
+        nid = node.client().execute_command("CLUSTER MYID")
+        return nid.decode() if isinstance(nid, bytes) else nid
+
+    @staticmethod
+    def _knows(node: Node, node_id: str) -> bool:
+        return any(row.get("node_id") == node_id
+                   for row in node.client().execute_command("CLUSTER NODES").values())
 
     def live(self) -> list[Node]:
         """Nodes whose process is running."""
@@ -165,6 +237,28 @@ class LocalCluster:
     def _slot_owners(node: Node) -> list[tuple[int, int, int]]:
         rows = node.client().execute_command("CLUSTER SLOTS")
         return sorted((int(r[0]), int(r[1]), int(r[2][1])) for r in rows)
+
+    @staticmethod
+    def slot_map(node: Node) -> list[tuple[int, int, str]]:
+        """``[(first slot, last slot, master host:port)]`` as ``node`` sees it (raises redis errors)."""
+        rows = node.client().execute_command("CLUSTER SLOTS")
+        return sorted((int(r[0]), int(r[1]), f"{_s(r[2][0])}:{int(r[2][1])}") for r in rows)
+
+    def master_addr_of(self, slot: int, asking: Node | None = None) -> str:
+        """``host:port`` of the master serving ``slot``, as ``asking`` (default: the first live node)
+        sees it. Raises :class:`ClusterError` when no node serves it, redis errors when unreachable."""
+        for start, end, addr in self.slot_map(asking or self.live()[0]):
+            if start <= slot <= end:
+                return addr
+        raise ClusterError(f"no node serves slot {slot}")
+
+    def node_at(self, addr: str) -> Node:
+        """The node listening on ``host:port`` (StopIteration for none)."""
+        return next(n for n in self.nodes if n.addr == addr)
+
+    def role(self, node: Node) -> str:
+        """``master`` or ``slave``, from the node's ``INFO replication`` (raises redis errors)."""
+        return _s(node.client().info("replication")["role"])
 
     def master_port_of(self, slot: int) -> int:
         """Port of the master serving ``slot`` (asked of a live node)."""
@@ -314,6 +408,10 @@ class LocalCluster:
                     n.proc.wait()
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def key_slot(key: str | bytes) -> int:

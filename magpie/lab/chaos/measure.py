@@ -191,6 +191,9 @@ def per_route_counts(results: list[Result], start_ms: int, end_ms: int) -> dict[
 
 
 def redis_ms(r) -> int:
-    """The Redis server clock in Unix ms (the clock of every score and stream id)."""
-    sec, usec = r.time()
+    """The Redis server clock in Unix ms (the clock of every score and stream id; on a cluster a random
+    node's, all on this machine's clock)."""
+    from magpie.redisconn import server_time
+
+    sec, usec = server_time(r)
     return sec * 1000 + usec // 1000

@@ -40,26 +40,32 @@ LOOPBACK = "127.0.0.0/8,::1"
 
 
 class Net:
-    """One topology: hosts ``redis`` (and ``redis2``.. for ``redis_hosts`` > 1), ``pg``, ``proxies``
-    (five extra addresses for the fault lab) and ``node1``..``node<nodes>``; PostgreSQL started in ``pg``.
+    """One topology: hosts ``redis`` (and ``redis2``.. for ``redis_hosts`` > 1), ``rc1``..``rc<k>`` for a
+    Redis Cluster (``cluster_hosts=k``), ``pg``, ``proxies`` (five extra addresses for the fault lab) and
+    ``node1``..``node<nodes>``; PostgreSQL started in ``pg``.
 
     Args:
         nodes: worker hosts (1..20).
-        redis_hosts: Redis hosts (1..6); a single-Redis deployment uses the first, a cluster (future)
-            all of them (:attr:`redis_addrs`).
+        redis_hosts: plain Redis hosts (1..6); a single-Redis deployment uses the first (and, with a
+            cluster, as its Celery broker).
+        cluster_hosts: hosts of a Redis Cluster (0, or 3..6): one master each and a replica of the
+            previous host's master (:meth:`cluster`); 0 for none.
     Attributes: topo (:class:`Topology`), pg (:class:`PrivatePostgres` on ``pg``), node_names.
     Raises :class:`magpie.lab.netns.NetnsError` / :class:`ServerError` from :meth:`start` (everything made
     is removed again), ValueError for out-of-range arguments.
     """
 
-    def __init__(self, nodes: int = 3, redis_hosts: int = 1) -> None:
+    def __init__(self, nodes: int = 3, redis_hosts: int = 1, cluster_hosts: int = 0) -> None:
         if not 1 <= nodes <= 20:
             raise ValueError(f"nodes must be 1..20: {nodes}")
         if not 1 <= redis_hosts <= 6:
             raise ValueError(f"redis_hosts must be 1..6: {redis_hosts}")
+        if cluster_hosts and not 3 <= cluster_hosts <= 6:
+            raise ValueError(f"cluster_hosts must be 0 or 3..6: {cluster_hosts}")
         self.redis_names = ["redis"] + [f"redis{i}" for i in range(2, redis_hosts + 1)]
+        self.cluster_names = [f"rc{i}" for i in range(1, cluster_hosts + 1)]
         self.node_names = [f"node{i}" for i in range(1, nodes + 1)]
-        self.topo = Topology([*self.redis_names, "pg", "proxies", *self.node_names],
+        self.topo = Topology([*self.redis_names, *self.cluster_names, "pg", "proxies", *self.node_names],
                              extra_addresses={"proxies": 5})
         self.pg: PrivatePostgres | None = None
         self._egress_before: str | None = None
@@ -97,6 +103,26 @@ class Net:
         self._redis_port += 1
         return PrivateRedis(host=self.topo.addr(host), port=self._redis_port,
                             wrap=lambda a: self.topo.argv(host, a), track=self.topo.track)
+
+    def cluster(self, node_timeout_ms: int = 2000, base_port: int = 7000):
+        """A new (not started) :class:`magpie.lab.cluster.LocalCluster` over the ``rc*`` hosts: one master
+        per host on ``base_port``, the replica of host ``i``'s master on host ``i+1`` (``base_port + 1``),
+        run inside the hosts' namespaces. Raises ValueError when this Net has no cluster hosts."""
+        from magpie.lab.cluster import LocalCluster
+
+        if not self.cluster_names:
+            raise ValueError("this Net has no cluster hosts: Net(cluster_hosts=3)")
+        by_addr = {self.topo.addr(h): h for h in self.cluster_names}
+        return LocalCluster(node_timeout_ms=node_timeout_ms, hosts=list(by_addr), base_port=base_port,
+                            wrap=lambda addr, argv: self.topo.argv(by_addr[addr], argv), track=self.topo.track)
+
+    def host_of(self, addr: str) -> str:
+        """The host name holding address ``addr`` (``ip`` or ``ip:port``); KeyError for none."""
+        ip = addr.rsplit(":", 1)[0] if addr.count(".") == 3 and ":" in addr else addr
+        for h in self.topo.hosts:
+            if self.topo.addr(h) == ip or ip in self.topo.extra(h):
+                return h
+        raise KeyError(f"no host holds {addr}")
 
     def close(self) -> None:
         """Stop PostgreSQL, remove every namespace, restore this process's egress allow-list. Never raises."""
@@ -181,12 +207,17 @@ class LabProcess:
 class NetStack(Stack):
     """A :class:`Stack` over a :class:`Net` (module doc); the same constructor arguments after ``net``.
 
+    ``cluster=True`` (a Net with ``cluster_hosts``): the schedule lives on a Redis Cluster over the
+    ``rc*`` hosts (:meth:`Net.cluster`, :attr:`cluster`), split in ``partitions`` hash-tag partitions
+    (``MAGPIE_SCHEDULE_PARTITIONS``); the plain Redis of the ``redis`` host is the Celery broker.
+
     Processes are placed on nodes: :meth:`spawn` with ``node=`` names one, otherwise the node running the
     fewest live processes of that role (first nodes first) gets it. :meth:`start_nodes` starts the
     Procfile's workers on every node and one beat on ``node1``.
     """
 
-    def __init__(self, name: str, net: Net, env: dict[str, str] | None = None, **kw) -> None:
+    def __init__(self, name: str, net: Net, env: dict[str, str] | None = None, cluster: bool = False,
+                 partitions: int = 3, **kw) -> None:
         self.net = net
         self.nodes = list(net.node_names)
         super().__init__(name, net.pg, env=env, **kw)
@@ -195,6 +226,7 @@ class NetStack(Stack):
                 srv.stop()
         self.redis_server = net.redis("redis")
         self.broker_server = net.redis("redis") if self.broker_server is not None else None
+        self.cluster = net.cluster() if cluster else None
         self.env.update({
             "MAGPIE_REDIS_URL": self.redis_server.url,
             "MAGPIE_BROKER_URL": (self.broker_server.url if self.broker_server
@@ -202,14 +234,24 @@ class NetStack(Stack):
             EGRESS: net.egress,
             "MAGPIE_CHECK_ALLOW_PRIVATE": net.topo.cidr,
         })
+        if self.cluster is not None:  # the schedule on the cluster (its URL once started), Celery here
+            self.env.update({"MAGPIE_BROKER_URL": self.redis_server.url,
+                             "MAGPIE_SCHEDULE_PARTITIONS": str(partitions)})
         self.env.update(env or {})
 
     def start_services(self) -> None:
-        """Start Redis (redis host), the judge and fault lab (proxies host), create and migrate the
-        database (pg host)."""
+        """Start Redis (redis host; with ``cluster``, also the Redis Cluster on the ``rc*`` hosts, which then
+        holds the schedule: ``MAGPIE_REDIS_URL`` is set to it, :attr:`r` is a cluster client), the judge
+        and fault lab (proxies host), create and migrate the database (pg host)."""
         from magpie.db.migrate import upgrade
 
         self.r = self.redis_server.start()
+        if self.cluster is not None:
+            from magpie import redisconn
+
+            self.cluster.start()
+            self.env["MAGPIE_REDIS_URL"] = self.cluster.url
+            self.r = redisconn.connect(self.cluster.url, socket_timeout=2, socket_connect_timeout=1)
         if self.broker_server:
             self.broker_server.start()
         lab_env = {**self.env, EGRESS: self.net.egress}
@@ -256,3 +298,6 @@ class NetStack(Stack):
 
     def close(self, keep_logs: bool = False) -> None:
         super().close(keep_logs=keep_logs)
+        if self.cluster is not None:
+            with contextlib.suppress(Exception):
+                self.cluster.stop()
