@@ -79,19 +79,20 @@ def is_tagged(n: int, cluster: bool = False) -> bool:
     return bool(cluster) or _check(n) > 1
 
 
-def stream_pairs(prefix: str, n: int, tagged: bool | None = None) -> list[tuple[str, str]]:
+def stream_pairs(prefix: str, n: int, tagged: bool | None = None, cluster: bool = False) -> list[tuple[str, str]]:
     """``[(results stream, dead-letter stream)]`` the ingestion reads for an ``n``-partition schedule.
 
-    A tagged layout also lists the untagged pair first (entries written before a repartition from one
-    partition drain from there) and, for N > 1, the ``{default}`` pair (where leases of the old
-    ``{default}`` partition complete while a repartition from one partition runs); reading an empty stream
-    costs one command."""
+    A tagged layout on one Redis server also lists the untagged pair first (entries written before a
+    repartition from one partition drain from there) and, for N > 1, the ``{default}`` pair (where leases
+    of the old ``{default}`` partition complete while a repartition from one partition runs); reading an
+    empty stream costs one command. On a Redis Cluster (``cluster``) nothing was ever written untagged, so
+    the untagged pair is left out (ingestion would create it)."""
     tagged = is_tagged(n) if tagged is None else bool(tagged)
     names = partition_names(n)
     if tagged and n > 1:
         names = [DEFAULT] + names
     pairs = [(results_stream_key(prefix, name, tagged), dead_stream_key(prefix, name, tagged)) for name in names]
-    if tagged:
+    if tagged and not cluster:
         pairs.insert(0, (results_stream_key(prefix, DEFAULT, False), dead_stream_key(prefix, DEFAULT, False)))
     return pairs
 
@@ -101,7 +102,7 @@ def settings_stream_pairs(settings) -> list[tuple[str, str]]:
     ``schedule_partitions``; a ``redis_cluster`` setting, when present and true, forces tags on)."""
     n = int(getattr(settings, "schedule_partitions", 1) or 1)
     cluster = bool(getattr(settings, "redis_cluster", False))
-    return stream_pairs(settings.redis_prefix, n, is_tagged(n, cluster))
+    return stream_pairs(settings.redis_prefix, n, is_tagged(n, cluster), cluster)
 
 
 def layout_key(prefix: str) -> str:

@@ -47,6 +47,7 @@ def test_stream_keys_keep_todays_names_untagged_and_take_the_tag_otherwise():
     assert pairs[1][0] == "m:{default}:stats:results"  # old-partition leases completed during a repartition
     assert stream_pairs("m:", 1, tagged=True) == [("m:stats:results", "m:stats:dead"),
                                                   ("m:{default}:stats:results", "m:{default}:stats:dead")]
+    assert stream_pairs("m:", 1, tagged=True, cluster=True) == [("m:{default}:stats:results", "m:{default}:stats:dead")]
     assert tag_of("m:{p12}:proxy_queue:3") == "p12" and tag_of("m:stats:results") is None
 
 

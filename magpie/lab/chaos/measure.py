@@ -44,7 +44,8 @@ def pairs_of(r, prefix: str) -> list[tuple[str, str]]:
     of the partition count recorded in Redis (one, untagged, when none is)."""
     raw = r.get(layout_key(prefix))
     n = int(_s(raw)) if raw else 1
-    return stream_pairs(prefix, n, is_tagged(n, tagged_for(r)))
+    cluster = tagged_for(r)
+    return stream_pairs(prefix, n, is_tagged(n, cluster), cluster)
 
 
 def stream_results(r, prefix: str) -> list[Result]:
