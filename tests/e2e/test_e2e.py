@@ -37,8 +37,9 @@ def worker_env(settings, pg_url, redis_prefix, lab, broker_url: str | None = Non
     return env
 
 
-BROKERS = ["redis", "amqp"]
-"""The e2e tests run on either broker: the test Redis (key prefix) or a RabbitMQ vhost of their own."""
+BROKERS = ["redis", pytest.param("amqp", marks=pytest.mark.slow)]
+"""The e2e tests run on either broker: the test Redis (key prefix) or a RabbitMQ vhost of their own (slow
+tier; the default tier's RabbitMQ checks are tests/integration/test_amqp_broker.py)."""
 
 
 @pytest.fixture

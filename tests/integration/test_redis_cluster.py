@@ -4,6 +4,7 @@ leader locks, the capacity registry, instance records, token buckets, pub/sub, a
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 
 from magpie import redisconn
@@ -22,6 +23,8 @@ from magpie.routes import Route
 from magpie.stats import GROUP, encode_result, ingest, pending_summary
 from magpie.stats.keys import dead_key, infra_key, stream_key
 from helpers import wait_until
+
+pytestmark = pytest.mark.slow  # a private 3+3 cluster per session: the cluster tier runs in make test-all
 
 KEY = "test-key-0123456789abcdef"
 

@@ -316,6 +316,7 @@ def test_the_beat_task_claims_due_sources_and_fetches_them(s, db, redis_client, 
     assert tasks.maintenance_fetch_sources()["claimed"] == 0  # nothing due: one every, one backoff, ahead
 
 
+@pytest.mark.slow
 def test_the_source_schedule_and_the_route_schedule_on_a_redis_cluster(s, db, redis_cluster, cluster_client,
                                                                        cluster_prefix, site):
     """The source schedule (tag ``{sources}``) and the check schedule (``{default}``) live on different
