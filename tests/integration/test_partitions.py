@@ -31,7 +31,7 @@ def _settings(settings, n: int):
 
 
 def _routes(db, n: int):
-    routes = [Route("http", "10.9.0.1", 9000 + i) for i in range(n)]
+    routes = [Route("http", "127.0.9.1", 9000 + i) for i in range(n)]
     return upsert_routes(db, get_keyring(KEY), "alpha", routes).routes
 
 
@@ -101,7 +101,7 @@ def test_a_process_with_another_partition_count_is_refused(redis_client, setting
 def test_partitions_over_a_stored_single_partition_schedule_are_refused(redis_client, settings):
     one = create_provider(None, _settings(settings, 1), redis_client=redis_client)
     assert type(one) is RouteQueue and one.keys.name == "default"
-    one.schedule([("ab" * 12, Payload(1, Route("http", "10.0.0.1", 1), "ab" * 12, [1]).encode())])
+    one.schedule([("ab" * 12, Payload(1, Route("http", "127.0.9.2", 1), "ab" * 12, [1]).encode())])
     with pytest.raises(QueueError) as err:
         create_provider(None, _settings(settings, 4), redis_client=redis_client)
     assert err.value.code is Refusal.LAYOUT_MISMATCH

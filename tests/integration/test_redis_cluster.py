@@ -113,7 +113,7 @@ def test_pubsub_reaches_a_subscriber_on_another_node(redis_cluster, cluster_pref
 def test_results_completed_on_a_cluster_are_ingested_into_postgresql(redis_cluster, cluster_client,
                                                                      cluster_prefix, pg_url, db):
     s = cluster_settings(redis_cluster, cluster_prefix, database_url=pg_url)
-    stored = upsert_routes(db, get_keyring(KEY), "alpha", [Route("http", "10.1.0.1", 8000 + i)
+    stored = upsert_routes(db, get_keyring(KEY), "alpha", [Route("http", "127.0.9.3", 8000 + i)
                                                            for i in range(5)]).routes
     q = RouteQueue.from_settings(s, redisconn.connect(s.redis_url))
     assert redisconn.is_cluster(q.r)
