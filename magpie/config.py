@@ -141,7 +141,8 @@ class Settings(BaseSettings):
     """After each claim and completion of the Redis schedule, ``WAIT`` for this many replicas to confirm
     the write (0: off). Narrows what a failover can lose (docs/operations.md, "Redis Cluster"); costs one
     replica round trip per claim and completion call. A confirmation that falls short is counted, not
-    refused."""
+    refused. One partition only for now: a partitioned schedule pipelines its claims and completions over
+    the partitions and does not wait."""
     redis_wait_timeout_ms: int = Field(100, alias="MAGPIE_REDIS_WAIT_TIMEOUT_MS", ge=1, le=60_000)
     """Most ms one ``WAIT`` (``MAGPIE_REDIS_WAIT_REPLICAS``) blocks the claim or completion that asked."""
     broker_url: str = Field("redis://127.0.0.1:6379/1", alias="MAGPIE_BROKER_URL")

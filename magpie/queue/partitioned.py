@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 import redis
 
+from magpie import redisconn
 from magpie.errors import Refusal
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.keys import QueueKeys
@@ -135,12 +136,14 @@ class PartitionedSchedule:
         :class:`QueueError` ``layout_mismatch`` (:func:`check_partition_layout`, and each partition's shard
         count check)."""
         sched = getattr(settings, "schedule", settings)
-        client = client or redis.Redis.from_url(sched.redis_url)
+        client = client or redisconn.connect(sched.redis_url)
         n = int(getattr(sched, "partitions", 1) or 1)
         old = check_partition_layout(client, sched.prefix, n)
-        q = cls(client, sched.prefix, sched.shards, n, old_partitions=old, interval_ms=sched.interval_ms,
+        q = cls(client, sched.prefix, sched.shards, n, old_partitions=old,
+                tagged=is_tagged(n, redisconn.is_cluster(client)), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled, dead_after=sched.dead_after,
-                dead_factor=sched.dead_factor, priority_share=sched.priority_share)
+                dead_factor=sched.dead_factor, priority_share=sched.priority_share,
+                wait_replicas=sched.wait_replicas, wait_timeout_ms=sched.wait_timeout_ms)
         q.check_layout()
         return q
 

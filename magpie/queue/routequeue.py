@@ -83,7 +83,8 @@ class RouteQueue:
 
     def __init__(self, client: redis.Redis, keys: QueueKeys, interval_ms: int, lease_ms: int = 300_000,
                  max_stalled: int = 3, log_limit: int = 100, clock: Callable[[], int] | None = None,
-                 dead_after: int = 0, dead_factor: int = 1, priority_share: float = 0.0):
+                 dead_after: int = 0, dead_factor: int = 1, priority_share: float = 0.0,
+                 wait_replicas: int = 0, wait_timeout_ms: int = 100):
         self.dead_after = int(dead_after)
         self.dead_factor = max(1, int(dead_factor))
         if not 0.0 <= float(priority_share) <= 1.0:
@@ -101,8 +102,8 @@ class RouteQueue:
         self._unmark = client.register_script(_UNMARK)  # deletes only: runs on a full Redis (allow-oom)
         self._core = keys.core()
         self.last_pop = {"paused": False, "dead_lettered": 0, "allowed": 0}
-        self.wait_replicas = 0  # MAGPIE_REDIS_WAIT_REPLICAS: WAIT after claims and completions (see _durable)
-        self.wait_timeout_ms = 100
+        self.wait_replicas = int(wait_replicas)  # MAGPIE_REDIS_WAIT_REPLICAS: WAIT after claims and completions
+        self.wait_timeout_ms = int(wait_timeout_ms)  # (see _durable)
         self.wait_short = 0
         self.last_wait: int | None = None
         self._wait_warned = -math.inf
@@ -125,8 +126,8 @@ class RouteQueue:
         q = cls(client, QueueKeys(sched.prefix, sched.shards), interval_ms=sched.interval_ms,
                 lease_ms=sched.lease_ms, max_stalled=sched.max_stalled,
                 dead_after=sched.dead_after, dead_factor=sched.dead_factor,
-                priority_share=sched.priority_share)
-        q.wait_replicas, q.wait_timeout_ms = sched.wait_replicas, sched.wait_timeout_ms
+                priority_share=sched.priority_share, wait_replicas=sched.wait_replicas,
+                wait_timeout_ms=sched.wait_timeout_ms)
         q.check_layout()
         return q
 
