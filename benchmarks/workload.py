@@ -18,6 +18,7 @@ import redis
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
+from magpie.lab.net import stop_process  # noqa: E402
 from magpie.queue import Payload  # noqa: E402
 from magpie.routes import Route  # noqa: E402
 
@@ -75,11 +76,5 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -7,6 +7,7 @@ The lab's error type lives here too, so the ordinary lab and the fault servers r
 from __future__ import annotations
 
 import socket
+import subprocess
 import time
 
 from magpie.errors import MagpieError
@@ -46,3 +47,15 @@ def wait_accepting(addrs: list[tuple[str, str, int]], timeout: float) -> None:
             if time.monotonic() > deadline:
                 raise LabError(f"{name} on {host}:{port} does not accept connections: {exc}") from None
             time.sleep(0.05)
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stop a process this lab started: SIGTERM, then SIGKILL after ``timeout_s`` seconds; reaped either
+    way. A process already ended is only reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from magpie.lab.chaos.servers import PrivatePostgres, PrivateRedis, ServerError
 from magpie.lab.chaos.stack import ROOT, Stack
+from magpie.lab.net import stop_process
 from magpie.lab.netns import Topology
 
 EGRESS = "MAGPIE_EGRESS_ONLY"
@@ -193,13 +194,7 @@ class LabProcess:
             return {}
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         with contextlib.suppress(Exception):
             self.proc.stdout.close()
 
