@@ -620,6 +620,11 @@ class Settings(BaseSettings):
     """Seconds a failed resolution is remembered (0: not cached)."""
     plan_cache_size: int = Field(4096, alias="MAGPIE_PLAN_CACHE_SIZE", ge=1, le=1_000_000)
     """Check plans (owner set and protocol to the checks to run) a process keeps per config revision."""
+    ownership_verify_per_pass: int = Field(10_000, alias="MAGPIE_OWNERSHIP_VERIFY_PER_PASS", ge=1,
+                                           le=10_000_000)
+    """Routes the ``route_ownership`` job compares between Redis and PostgreSQL per pass (every 60 s),
+    resuming where the last pass stopped: the sweep's cost is fixed per pass, not proportional to the
+    population (10,000: a million routes are verified every ~100 minutes, ~170 routes/s)."""
 
     # --- settings: reputation, rollups, instances ---
     reputation_window_days: int = Field(7, alias="MAGPIE_REPUTATION_WINDOW_DAYS", ge=1, le=90)

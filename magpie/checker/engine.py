@@ -128,7 +128,152 @@ class _NoAnswer(Exception):
     """The connection closed before a complete response head arrived."""
 
 
+class _Exchange(asyncio.Protocol):
+    """The plain-HTTP path's connection: a bare protocol feeding httptools (no stream objects, no read
+    coroutine per chunk). ``done`` resolves with None once the response is complete, the body reached the
+    limit or the peer closed; with the exception when the connection failed mid-answer."""
+
+    __slots__ = ("transport", "resp", "parser", "done")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.resp = _Response(limit)
+        self.parser = httptools.HttpResponseParser(self.resp)
+        self.done: asyncio.Future = loop.create_future()
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self.done.set_result(exc)
+            return
+        if self.resp.complete or len(self.resp.body) >= self.resp.limit:
+            self.done.set_result(None)
+
+    def eof_received(self) -> bool:
+        if not self.done.done():
+            self.done.set_result(None)
+        return False
+
+    def connection_lost(self, exc) -> None:
+        if not self.done.done():
+            self.done.set_result(exc)
+
+
 _SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
+
+
+class _SocksExchange(_Exchange):
+    """A SOCKS4 or SOCKS5 CONNECT handshake on the bare protocol, then the plain-HTTP exchange on the same
+    connection (an http judge; an https judge goes through python-socks and TLS instead).
+
+    The handshake (RFC 1928 with RFC 1929 username/password for SOCKS5; SOCKS4 with the user id) is
+    written by :meth:`begin`; ``ready`` resolves with None once the proxy granted the connection, or with
+    a one-line reason (str) when it refused or answered out of protocol, or with the exception that ended
+    the connection. Bytes past the grant belong to the judge's answer."""
+
+    __slots__ = ("ready", "buf", "step", "auth", "request")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, socks4: bool, dest: str, port: int,
+                 username: str | None, password: str | None) -> None:
+        super().__init__(loop, limit)
+        self.ready: asyncio.Future = loop.create_future()
+        self.buf = b""
+        self.auth = None
+        if socks4:  # VN CD DSTPORT DSTIP USERID NUL (dest is an IPv4 address)
+            self.step = 4
+            self.request = (b"\x04\x01" + port.to_bytes(2, "big") + socket.inet_aton(dest)
+                            + (username or "").encode() + b"\x00")
+            return
+        self.step = 0
+        if is_ip_literal(dest):
+            packed = socket.inet_pton(socket.AF_INET6 if ":" in dest else socket.AF_INET, dest)
+            addr = (b"\x04" if len(packed) == 16 else b"\x01") + packed
+        else:
+            name = dest.encode("idna")
+            addr = b"\x03" + bytes([len(name)]) + name
+        self.request = b"\x05\x01\x00" + addr + port.to_bytes(2, "big")
+        if username and password:
+            user, pw = username.encode(), password.encode()
+            if len(user) <= 255 and len(pw) <= 255:
+                self.auth = b"\x01" + bytes([len(user)]) + user + bytes([len(pw)]) + pw
+
+    def begin(self) -> None:
+        """Write the first handshake message (the connection stands)."""
+        if self.step == 4:
+            self.transport.write(self.request)
+        else:
+            self.transport.write(b"\x05\x02\x00\x02" if self.auth is not None else b"\x05\x01\x00")
+
+    def _fail(self, reason) -> None:
+        if not self.ready.done():
+            self.ready.set_result(reason)
+
+    def data_received(self, data: bytes) -> None:
+        if self.ready.done():
+            super().data_received(data)
+            return
+        buf = self.buf + data
+        while True:
+            if self.step == 0:  # method selection: VER METHOD
+                if len(buf) < 2:
+                    break
+                if buf[0] != 5 or buf[1] not in (0, 2) or buf[1] == 2 and self.auth is None:
+                    return self._fail("no acceptable SOCKS5 authentication method")
+                if buf[1] == 2:
+                    self.transport.write(self.auth)
+                    self.step = 1
+                else:
+                    self.transport.write(self.request)
+                    self.step = 2
+                buf = buf[2:]
+            elif self.step == 1:  # username/password: VER STATUS
+                if len(buf) < 2:
+                    break
+                if buf[1] != 0:
+                    return self._fail("SOCKS5 username/password refused")
+                self.transport.write(self.request)
+                self.step = 2
+                buf = buf[2:]
+            elif self.step == 2:  # VER REP RSV ATYP BND.ADDR BND.PORT
+                if len(buf) < 4:
+                    break
+                if buf[0] != 5 or buf[1] != 0:
+                    return self._fail(f"SOCKS5 connect refused (reply {buf[1]:#04x})")
+                if buf[3] not in (1, 3, 4):
+                    return self._fail("SOCKS5 reply with an unknown address type")
+                if len(buf) < 5:
+                    break
+                size = {1: 10, 4: 22}.get(buf[3]) or 7 + buf[4]
+                if len(buf) < size:
+                    break
+                return self._granted(buf[size:])
+            else:  # SOCKS4: VN CD DSTPORT DSTIP
+                if len(buf) < 8:
+                    break
+                if buf[1] != 0x5A:
+                    return self._fail(f"SOCKS4 connect refused (reply {buf[1]:#04x})")
+                return self._granted(buf[8:])
+        self.buf = buf
+
+    def _granted(self, rest: bytes) -> None:
+        self.buf = b""
+        self.ready.set_result(None)
+        if rest:
+            super().data_received(rest)
+
+    def eof_received(self) -> bool:
+        self._fail(_NoAnswer())
+        return super().eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self._fail(exc if exc is not None else _NoAnswer())
+        super().connection_lost(exc)
 
 
 def _basic(route: Route) -> str:
@@ -272,9 +417,11 @@ class CheckEngine:
         return self.egress.allowed(addrs) if self.egress is not None else addrs
 
     async def _open(self, route: Route, connected: Callable[[], None]
-                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
-        """Connect through ``route`` to the judge; returns the stream and the request to send.
-        ``connected()`` is called once the TCP connection to the proxy stands, before any handshake."""
+                    ) -> tuple[asyncio.StreamReader | _Exchange, asyncio.StreamWriter | None, bytes]:
+        """Connect through ``route`` to the judge; returns ``(reader, writer, request)``: the stream and the
+        request to send, or for a plain-HTTP proxy to an http judge ``(exchange, None, request)`` (an
+        :class:`_Exchange` protocol, no stream objects). ``connected()`` is called once the TCP connection
+        to the proxy stands, before any handshake."""
         host = route.host
         if not self._literals.get(host):  # the verdict on an allowed IP literal is kept per host
             if is_ip_literal(host):
@@ -289,17 +436,21 @@ class CheckEngine:
             await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
         if route.protocol in ("http", "https"):
             if not self._tls:
-                reader, writer = await asyncio.open_connection(host, route.port)
+                loop = asyncio.get_running_loop()
+                exchange = _Exchange(loop, self._limit)
+                await loop.create_connection(lambda: exchange, host, route.port)
                 connected()
                 if route.username is None:
-                    return reader, writer, self._absolute_request
+                    return exchange, None, self._absolute_request
                 req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
-                return reader, writer, req
+                return exchange, None, req
             proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password,
                           forward=_Dialer(connected))
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
         kind = _SOCKS_TYPES[route.protocol]
+        if not self._tls:
+            return await self._open_socks(route, host, kind is ProxyType.SOCKS4, connected)
         if kind is ProxyType.SOCKS4:
             dest = await self._judge_address()
             proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
@@ -310,6 +461,34 @@ class CheckEngine:
                           forward=_Dialer(connected))
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
+
+    async def _open_socks(self, route: Route, host: str, socks4: bool, connected: Callable[[], None]
+                          ) -> tuple[_SocksExchange, None, bytes]:
+        """A SOCKS route to an http judge on the bare protocol (:class:`_SocksExchange`): connect, then
+        the handshake; returns ``(exchange, None, request)`` once the proxy granted the connection.
+        SOCKS4 carries the judge's IPv4 address; SOCKS5 the judge's name (the proxy resolves it).
+        Raises ``ProxyError`` when the proxy refused or answered out of protocol, ``OSError`` or
+        :class:`_NoAnswer` when it hung up during the handshake."""
+        dest = await self._judge_address() if socks4 else self._judge_host
+        if socks4 and ":" in dest:
+            raise ProxyError("SOCKS4 cannot carry an IPv6 judge address")
+        loop = asyncio.get_running_loop()
+        exchange = _SocksExchange(loop, self._limit, socks4, dest, self._judge_port, route.username,
+                                  route.password)
+        await loop.create_connection(lambda: exchange, host, route.port)
+        connected()
+        exchange.begin()
+        try:
+            failed = await exchange.ready
+        except BaseException:
+            exchange.transport.abort()
+            raise
+        if failed is not None:
+            exchange.transport.abort()
+            if isinstance(failed, BaseException):
+                raise failed
+            raise ProxyError(failed)
+        return exchange, None, self._origin_request
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes,
                         started: float) -> _Attempt:
@@ -324,6 +503,21 @@ class CheckEngine:
                 parser.feed_data(data)
             except httptools.HttpParserError:
                 return _Attempt(ok=False, error="ConnectionError")
+        return self._verdict(parser, resp, started)
+
+    async def _exchange_plain(self, exchange: _Exchange, request: bytes, started: float) -> _Attempt:
+        """:meth:`_exchange` on an :class:`_Exchange` protocol (the plain-HTTP path)."""
+        exchange.transport.write(request)
+        failed = await exchange.done
+        if isinstance(failed, httptools.HttpParserError):
+            return _Attempt(ok=False, error="ConnectionError")
+        if failed is not None:
+            raise failed  # a reset: mapped like a stream's read error
+        return self._verdict(exchange.parser, exchange.resp, started)
+
+    def _verdict(self, parser, resp: _Response, started: float) -> _Attempt:
+        """The attempt's outcome from a collected response (``started``: ``perf_counter`` at its start).
+        Raises :class:`_NoAnswer` when no complete response head arrived."""
         if not resp.headers_done:
             raise _NoAnswer()
         status = parser.get_status_code()
@@ -361,7 +555,7 @@ class CheckEngine:
         started = time.perf_counter()
         marks.append(started)
         t0 = loop.time()
-        writer = None
+        transport = None
         socks = route.protocol in _SOCKS_TYPES
         window = asyncio.timeout_at(t0 + self.connect_timeout)
 
@@ -373,6 +567,10 @@ class CheckEngine:
             async with window:
                 reader, writer, request = await self._open(route, connected)
                 marks.append(time.perf_counter())
+                if writer is None:  # the plain-HTTP path: a bare protocol
+                    transport = reader.transport
+                    return await self._exchange_plain(reader, request, started)
+                transport = writer.transport
                 return await self._exchange(reader, writer, request, started)
         except EgressRefused:
             return _Attempt(ok=False, error="EgressRefused", final=True)
@@ -394,8 +592,8 @@ class CheckEngine:
                 return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
             return _Attempt(ok=False, error="ConnectionError")
         finally:
-            if writer is not None:
-                writer.transport.abort()
+            if transport is not None:
+                transport.abort()
 
     # -- the check ----------------------------------------------------------------------------------
     def _body(self, raw: bytes | None, route: Route) -> str | None:

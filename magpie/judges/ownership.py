@@ -166,12 +166,15 @@ class RouteOwnershipJob(Job):
                 rows = conn.execute(sa.text(_BY_IDS), {"ids": chunk}).all()
             add(verify_routes(ctx, rows, queue))
         after = int(ctx.state.get("after", 0))
-        while not ctx.should_stop():  # step 2, resumable
+        left = ctx.settings.ownership_verify_per_pass
+        while left > 0 and not ctx.should_stop():  # step 2, resumable, a bounded share per pass
+            batch = min(ctx.batch_size, left)
             with ctx.engine.connect() as conn:
-                rows = conn.execute(sa.text(_BATCH), {"after": after, "batch": ctx.batch_size}).all()
+                rows = conn.execute(sa.text(_BATCH), {"after": after, "batch": batch}).all()
+            left -= batch
             add(verify_routes(ctx, rows, queue))
             ctx.tick()
-            after = rows[-1][0] if len(rows) == ctx.batch_size else 0
+            after = rows[-1][0] if len(rows) == batch else 0
             ctx.save_state({"after": after})
             if after == 0:
                 return {**total, "complete": True}

@@ -371,6 +371,22 @@ def test_verification_records_drops_and_merges_back_missing_owners(db, settings,
     assert redis_client.hget(drops_key(settings.redis_prefix), h) == str(A).encode()  # A waits for a lease
 
 
+def test_verification_sweeps_a_bounded_share_per_pass(db, settings, redis_client, workspaces):
+    """Each pass verifies at most MAGPIE_OWNERSHIP_VERIFY_PER_PASS routes and resumes where it stopped,
+    so the job's cost per pass does not grow with the population."""
+    A, _B = workspaces
+    q = RouteQueue.from_settings(settings, redis_client)
+    hashes = [str(i) * 24 for i in range(1, 6)]
+    ids = _routes(db, {h: [A] for h in hashes})
+    q.schedule([(h, Payload(ids[h], Route("http", "127.0.0.1", 9), h, [A]).encode()) for h in hashes])
+    bounded = settings.model_copy(update={"ownership_verify_per_pass": 2})
+    seen = []
+    for _ in range(3):
+        rep = run_job("route_ownership", bounded, engine=db, redis=redis_client)
+        seen.append((rep["result"]["verified"], rep["result"]["complete"]))
+    assert seen == [(2, False), (2, False), (1, True)], seen
+
+
 def test_complete_with_payload_takes_any_json_encoding(settings, redis_client):
     from magpie.errors import Refusal
     from magpie.queue import QueueError
