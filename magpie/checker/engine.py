@@ -8,8 +8,11 @@ socket and one coroutine while it waits. One check is a GET of the judge through
 - ``socks4`` (the judge's address resolved once by the engine, not per check), ``socks5`` with
   username/password and remote DNS.
 
-The proxy handshakes (CONNECT, SOCKS4, SOCKS5) come from python-socks; the judge's HTTP response is parsed
-by httptools (llhttp). No DNS lookup is made for an IP-literal proxy host.
+Through an http judge an attempt is one bare :class:`asyncio.Protocol` (:class:`_Exchange`; for SOCKS routes
+:class:`_SocksExchange`, whose SOCKS4/SOCKS5 handshake is the engine's own): no stream objects and no read
+coroutine per chunk, the cheapest way to hold tens of thousands of dead proxies. Through an https judge the
+handshakes (CONNECT, SOCKS4, SOCKS5) and TLS come from python-socks. The judge's HTTP response is parsed by
+httptools (llhttp). No DNS lookup is made for an IP-literal proxy host.
 
 Deadlines: every attempt has a connect timeout (``connect_timeout``: name resolution and the TCP connect
 to the proxy) and a hard total deadline (``timeout``) over the whole attempt, the proxy handshake (CONNECT,
