@@ -146,11 +146,16 @@ def _unmark_quietly(queue, lease: Lease) -> None:
         log.debug("could not withdraw the start mark of %s", lease.member, exc_info=True)
 
 
-@dataclass
 class _Running:
-    lease: Lease
-    task: asyncio.Task | None = None
-    marked: asyncio.Future | None = None  # done once the lease's start mark is written
+    """One slot's lease and its task; ``task`` is None while the lease waits for its start mark (the task
+    is created once the mark is written), and for a suspect ``suspect`` says its task marks it first."""
+
+    __slots__ = ("lease", "task", "suspect")
+
+    def __init__(self, lease: Lease, suspect: bool = False) -> None:
+        self.lease = lease
+        self.task: asyncio.Task | None = None
+        self.suspect = suspect
 
 
 @dataclass
@@ -255,6 +260,7 @@ class CheckPool:
         self._held = 0
         self._marks: list[Lease] = []
         self._marking: asyncio.Future | None = None  # the mark write the leases started now wait for
+        self._gated: list[_Running] = []  # slots whose task starts once that write is done
         self._started: list[StartTiming] = []
         self._idle: asyncio.Event | None = None
         self._services: list[asyncio.Task] = []
@@ -305,6 +311,10 @@ class CheckPool:
         self._pending.clear()
         self._alone.clear()
         self._release_held(len(waiting))
+        gated = [r for r in self._running.values() if r.task is None]  # marks not written yet: not started
+        for r in gated:
+            self._running.pop(id(r.lease), None)
+            self._handback.append(r.lease)
         tasks = [r.task for r in self._running.values() if r.task is not None]
         for t in tasks:
             t.cancel()
@@ -394,12 +404,15 @@ class CheckPool:
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
             if le.stalled and self.suspect_spread_s > 0:
-                slot = _Running(le)  # a suspect: marked when it starts, at a random moment (_run)
-            else:
+                slot = _Running(le, suspect=True)  # marked when it starts, at a random moment (_run)
+                self._running[id(le)] = slot
+                slot.task = loop.create_task(self._run(slot))
+            else:  # its task starts once this pass's start marks are written (_write_marks)
+                slot = _Running(le)
+                self._running[id(le)] = slot
                 self._marks.append(le)
-                slot = _Running(le, marked=self._mark_soon())
-            self._running[id(le)] = slot
-            slot.task = loop.create_task(self._run(slot))
+                self._gated.append(slot)
+                self._mark_soon()
         while self._alone and self._alone_busy < self._alone_limit and len(self._running) < self.capacity \
                 and not self._closing:
             le, stamp = self._alone.popleft()
@@ -434,6 +447,7 @@ class CheckPool:
 
     def _write_marks(self) -> None:
         marks, self._marks = self._marks, []
+        gated, self._gated = self._gated, []
         fut, self._marking = self._marking, None
 
         async def write() -> None:
@@ -446,21 +460,39 @@ class CheckPool:
             finally:
                 if fut is not None and not fut.done():
                     fut.set_result(again)
+                self._open_gates(gated, again)
 
         asyncio.ensure_future(write())
+
+    def _open_gates(self, gated: list[_Running], again: set[int]) -> None:
+        """Start the checks of ``gated`` slots whose start marks were written: one task each, created only
+        now (no task waits on the write). A slot the pool no longer holds (closed) starts nothing."""
+        loop = asyncio.get_running_loop()
+        refused = False
+        for slot in gated:
+            le = slot.lease
+            if self._running.get(id(le)) is not slot or slot.task is not None:
+                continue
+            if id(le) in again:
+                log.warning("route %s: not started: its lease was started before by a process that died "
+                            "(it comes back when the lease expires) or is no longer held", le.member)
+                self._running.pop(id(le), None)
+                refused = True
+                continue
+            slot.task = loop.create_task(self._run(slot))
+        if refused and not self._closing:
+            self._fill()
 
     async def _run(self, slot: _Running) -> None:
         le = slot.lease
         slot_token = None
         restarted = False
         try:
-            if slot.marked is None and not le.alone:  # a suspect: its crash-mates must not start with it again
+            if slot.suspect:  # its crash-mates must not start with it again
                 await asyncio.sleep(random.uniform(0, self.suspect_spread_s))
                 self._marks.append(le)
-                slot.marked = self._mark_soon()
-            if slot.marked is not None:
                 try:
-                    again = await asyncio.shield(slot.marked)
+                    again = await asyncio.shield(self._mark_soon())
                 except asyncio.CancelledError:
                     if self._closing:
                         self._handback.append(le)
@@ -741,8 +773,10 @@ class CheckPool:
             return
         codes = await self._in_side(self.queue.renew_many, [s.lease for s in due])
         for slot, code in zip(due, codes):
-            if code != COMPLETED and slot.task is not None:
-                slot.task.cancel()  # the lease is lost: stop the attempt in flight
+            if code != COMPLETED:  # the lease is lost: stop the attempt in flight (or never start it)
+                slot.lease.cancel()
+                if slot.task is not None:
+                    slot.task.cancel()
 
     async def _heartbeat_loop(self) -> None:
         assert self.registry is not None
