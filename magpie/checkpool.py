@@ -148,14 +148,18 @@ def _unmark_quietly(queue, lease: Lease) -> None:
 
 class _Running:
     """One slot's lease and its task; ``task`` is None while the lease waits for its start mark (the task
-    is created once the mark is written), and for a suspect ``suspect`` says its task marks it first."""
+    is created once the mark is written), and for a suspect ``suspect`` says its task marks it first.
+    The renewal sweep reads ``expires`` and ``guard_at`` (plain floats: no parsing per slot and sweep)."""
 
-    __slots__ = ("lease", "task", "suspect")
+    __slots__ = ("lease", "task", "suspect", "expires", "guard_at", "overran")
 
-    def __init__(self, lease: Lease, suspect: bool = False) -> None:
+    def __init__(self, lease: Lease, expires: float, suspect: bool = False) -> None:
         self.lease = lease
         self.task: asyncio.Task | None = None
         self.suspect = suspect
+        self.expires = expires  # lease expiry on this process's clock (Unix ms)
+        self.guard_at = 0.0  # loop time past which the running check is stopped (0: not started)
+        self.overran = False  # stopped by the guard
 
 
 @dataclass
@@ -397,18 +401,19 @@ class CheckPool:
         while self._pending and len(self._running) < self.capacity and not self._closing:
             le, stamp = self._pending.popleft()
             taken += 1
-            if le.remaining_ms() < self._start_margin_ms:
+            now = now or time.time() * 1000
+            expires = le.expires_at_ms - le.server_offset_ms
+            if expires - now < self._start_margin_ms:
                 self._handback.append(le)
                 continue
-            now = now or time.time() * 1000
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
             if le.stalled and self.suspect_spread_s > 0:
-                slot = _Running(le, suspect=True)  # marked when it starts, at a random moment (_run)
+                slot = _Running(le, expires, suspect=True)  # marked when it starts, at a random moment
                 self._running[id(le)] = slot
                 slot.task = loop.create_task(self._run(slot))
             else:  # its task starts once this pass's start marks are written (_write_marks)
-                slot = _Running(le)
+                slot = _Running(le, expires)
                 self._running[id(le)] = slot
                 self._marks.append(le)
                 self._gated.append(slot)
@@ -417,14 +422,15 @@ class CheckPool:
                 and not self._closing:
             le, stamp = self._alone.popleft()
             taken += 1
-            if le.remaining_ms() < self._start_margin_ms:
+            now = now or time.time() * 1000
+            expires = le.expires_at_ms - le.server_offset_ms
+            if expires - now < self._start_margin_ms:
                 self._handback.append(le)
                 continue
-            now = now or time.time() * 1000
             self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                              float(le.previous_score or 0) - le.server_offset_ms))
             self._alone_busy += 1
-            slot = _Running(le)
+            slot = _Running(le, expires)
             self._running[id(le)] = slot
             slot.task = loop.create_task(self._run(slot))
         if len(self._running) > self.peak_running:
@@ -521,23 +527,25 @@ class CheckPool:
                 log.error("route %s has a malformed payload: %s", le.member, exc)
                 self._counts.malformed += 1
                 return
+            # the last guard (the engine's deadlines come first): the renewal sweep stops a check still
+            # running past guard_at, which costs no timer per check
+            slot.guard_at = asyncio.get_running_loop().time() + self._guard_s
             try:
-                async with asyncio.timeout(self._guard_s):  # last guard: the engine's deadlines come first
-                    if le.alone and self.isolate is not None:
-                        try:
-                            res = await self.isolate(le.payload, self._guard_s)
-                        except IsolatedCrash as exc:
-                            self._side.submit(self._report_crash, le, exc)
-                            return
-                    else:
-                        res = await self.engine.check_payload(payload, before_attempt=lambda _n: not le.cancelled)
+                if le.alone and self.isolate is not None:
+                    try:
+                        res = await self.isolate(le.payload, self._guard_s)
+                    except IsolatedCrash as exc:
+                        self._side.submit(self._report_crash, le, exc)
+                        return
+                else:
+                    res = await self.engine.check_payload(payload, before_attempt=lambda _n: not le.cancelled)
             except asyncio.CancelledError:
                 if self._closing:
                     self._handback.append(le)
                     raise
-                self._counts.aborted += 1
-                return
-            except TimeoutError:
+                if not slot.overran:
+                    self._counts.aborted += 1
+                    return
                 self._counts.overran += 1
                 res = CheckResult(False, None, None, self.engine.attempts, "ReadTimeout", None, None,
                                   self.engine.judge_url, int(time.time() * 1000))
@@ -758,13 +766,25 @@ class CheckPool:
                 log.exception("lease renewal failed")
 
     async def _renew(self) -> None:
-        due, expired = [], []
+        """The once-a-second sweep over the running slots: cancel checks whose lease expired or was lost,
+        stop checks past their guard (:attr:`_Running.guard_at`), renew leases with less than
+        ``renew_below_ms`` left (one pipelined round trip)."""
+        due, expired, overran = [], [], []
+        now = time.time() * 1000
+        mono = asyncio.get_running_loop().time()
+        below = self.renew_below_ms
         for slot in list(self._running.values()):
-            left = slot.lease.remaining_ms()
-            if slot.lease.cancelled or left <= 0:
+            left = slot.expires - now
+            if left <= 0 or slot.lease.cancelled:
                 expired.append(slot)
-            elif left < self.renew_below_ms:
+                continue
+            if left < below:
                 due.append(slot)
+            if 0.0 < slot.guard_at < mono and not slot.overran and slot.task is not None:
+                overran.append(slot)
+        for slot in overran:
+            slot.overran = True
+            slot.task.cancel()
         for slot in expired:
             slot.lease.cancel()
             if slot.task is not None:
@@ -773,7 +793,9 @@ class CheckPool:
             return
         codes = await self._in_side(self.queue.renew_many, [s.lease for s in due])
         for slot, code in zip(due, codes):
-            if code != COMPLETED:  # the lease is lost: stop the attempt in flight (or never start it)
+            if code == COMPLETED:
+                slot.expires = slot.lease.expires_at_ms - slot.lease.server_offset_ms
+            else:  # the lease is lost: stop the attempt in flight (or never start it)
                 slot.lease.cancel()
                 if slot.task is not None:
                     slot.task.cancel()

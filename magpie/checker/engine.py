@@ -171,6 +171,21 @@ class _Exchange(asyncio.Protocol):
 _SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 
 
+def socks_connect_request(socks4: bool, dest: str, port: int) -> bytes:
+    """The CONNECT request to ``dest:port``: SOCKS4 ``VN CD DSTPORT DSTIP`` (``dest`` an IPv4 address; the
+    user id follows), SOCKS5 ``VER CMD RSV ATYP DST.ADDR DST.PORT`` (an address, or a name the proxy
+    resolves). Raises ``OSError``/``UnicodeError`` for an address or name that cannot be carried."""
+    if socks4:
+        return b"\x04\x01" + port.to_bytes(2, "big") + socket.inet_aton(dest)
+    if is_ip_literal(dest):
+        packed = socket.inet_pton(socket.AF_INET6 if ":" in dest else socket.AF_INET, dest)
+        addr = (b"\x04" if len(packed) == 16 else b"\x01") + packed
+    else:
+        name = dest.encode("idna")
+        addr = b"\x03" + bytes([len(name)]) + name
+    return b"\x05\x01\x00" + addr + port.to_bytes(2, "big")
+
+
 class _SocksExchange(_Exchange):
     """A SOCKS4 or SOCKS5 CONNECT handshake on the bare protocol, then the plain-HTTP exchange on the same
     connection (an http judge; an https judge goes through python-socks and TLS instead).
@@ -182,25 +197,20 @@ class _SocksExchange(_Exchange):
 
     __slots__ = ("ready", "buf", "step", "auth", "request")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, socks4: bool, dest: str, port: int,
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int, request: bytes, socks4: bool,
                  username: str | None, password: str | None) -> None:
+        """``request``: the CONNECT request (:func:`socks_connect_request`; for SOCKS4 without the user id
+        and its NUL, which come from ``username``)."""
         super().__init__(loop, limit)
         self.ready: asyncio.Future = loop.create_future()
         self.buf = b""
         self.auth = None
-        if socks4:  # VN CD DSTPORT DSTIP USERID NUL (dest is an IPv4 address)
+        if socks4:
             self.step = 4
-            self.request = (b"\x04\x01" + port.to_bytes(2, "big") + socket.inet_aton(dest)
-                            + (username or "").encode() + b"\x00")
+            self.request = request + (username or "").encode() + b"\x00"
             return
         self.step = 0
-        if is_ip_literal(dest):
-            packed = socket.inet_pton(socket.AF_INET6 if ":" in dest else socket.AF_INET, dest)
-            addr = (b"\x04" if len(packed) == 16 else b"\x01") + packed
-        else:
-            name = dest.encode("idna")
-            addr = b"\x03" + bytes([len(name)]) + name
-        self.request = b"\x05\x01\x00" + addr + port.to_bytes(2, "big")
+        self.request = request
         if username and password:
             user, pw = username.encode(), password.encode()
             if len(user) <= 255 and len(pw) <= 255:
@@ -208,6 +218,7 @@ class _SocksExchange(_Exchange):
 
     def begin(self) -> None:
         """Write the first handshake message (the connection stands)."""
+        # SOCKS5: offer no authentication, and username/password when the route has both
         if self.step == 4:
             self.transport.write(self.request)
         else:
@@ -361,6 +372,7 @@ class CheckEngine:
         self._judge_ip_at = 0.0
         self._judge_ip_allowed: str | None = None  # the judge address the egress policy last allowed
         self._literals: dict[str, bool] = {}  # proxy host -> True when an IP literal the policy allows
+        self._socks_requests: dict[tuple[bool, str], bytes] = {}  # (socks4, judge address) -> CONNECT request
         self._probe: asyncio.Future | None = None
         self._probe_at = 0.0
         self._probe_ok = True
@@ -475,9 +487,11 @@ class CheckEngine:
         dest = await self._judge_address() if socks4 else self._judge_host
         if socks4 and ":" in dest:
             raise ProxyError("SOCKS4 cannot carry an IPv6 judge address")
+        request = self._socks_requests.get((socks4, dest))
+        if request is None:  # built once per judge address, not per attempt
+            request = self._socks_requests[(socks4, dest)] = socks_connect_request(socks4, dest, self._judge_port)
         loop = asyncio.get_running_loop()
-        exchange = _SocksExchange(loop, self._limit, socks4, dest, self._judge_port, route.username,
-                                  route.password)
+        exchange = _SocksExchange(loop, self._limit, request, socks4, route.username, route.password)
         await loop.create_connection(lambda: exchange, host, route.port)
         connected()
         exchange.begin()

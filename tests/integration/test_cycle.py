@@ -264,6 +264,25 @@ def test_lost_lease_cancels_the_attempt_in_flight(q):
     assert le.cancelled
 
 
+def test_a_check_past_the_pools_guard_is_stopped_and_recorded_as_a_read_timeout(q):
+    """The last guard over a check (the engine's own deadlines failed) is the renewal sweep's: a check
+    running past ``max_check_seconds * 1.25 + 5`` s is stopped and recorded as a ReadTimeout."""
+    seed(q, [60_000, 5])
+    leases = q.pop(2, lease_ms=120_000)
+    engine = FakeEngine(max_check_seconds=0.1)  # a guard of 5.125 s; the 60 s check ignores it
+    published = Published(q)
+    pool = make_pool(q, engine, published)
+    try:
+        pool.submit(leases)
+        assert pool.wait_idle(15)
+    finally:
+        pool.close()
+    assert engine.cancelled == [60_000]
+    assert pool.totals.overran == 1 and pool.totals.completed == 2 and pool.totals.aborted == 0
+    errors = sorted(f["error"] for f, _ in published)
+    assert errors == ["", "ReadTimeout"], errors
+
+
 def test_renewal_extends_leases_of_running_checks(q):
     seed(q, [1500])
     le = q.pop(1, lease_ms=60_000)[0]
