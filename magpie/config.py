@@ -642,6 +642,10 @@ class Settings(BaseSettings):
     """Consecutive failures at which the failure-streak component reaches 0."""
     reputation_max_age: float = Field(86400.0, alias="MAGPIE_REPUTATION_MAX_AGE", ge=60, le=MONTH)
     """Seconds after which a score is recomputed even without new results (recency decays)."""
+    reputation_per_pass: int = Field(5_000, alias="MAGPIE_REPUTATION_PER_PASS", ge=1, le=10_000_000)
+    """Most routes one pass of the ``reputation`` job scores (every 60 s), in route id order from where
+    the last pass stopped: each score reads the route's window of history, so the job's cost per pass is
+    fixed, not proportional to the population (5,000: a million routes are rescored every ~3.3 hours)."""
     rollup_lookback_hours: int = Field(2, alias="MAGPIE_ROLLUP_LOOKBACK_HOURS", ge=0, le=168)
     """Closed hours recomputed by every hourly-count pass besides the current one (late results)."""
     snapshot_retention_days: int = Field(30, alias="MAGPIE_SNAPSHOT_RETENTION_DAYS", ge=1, le=3650)

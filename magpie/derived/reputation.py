@@ -11,6 +11,12 @@ their ``route_reputation`` rows in the same transaction: a pass killed mid-batch
 and a result ingested while a batch runs marks its route dirty again after the batch commits. Once no
 route is dirty, routes scored longer ago than ``MAGPIE_REPUTATION_MAX_AGE`` (and checked routes never
 scored) are marked dirty a batch at a time, so recency decays for routes no longer checked.
+
+A pass scores at most ``MAGPIE_REPUTATION_PER_PASS`` routes, taking the dirty routes in route id order
+from where the last pass stopped (wrapping around): with every route checked every few minutes, nearly
+every route is dirty at once, and each score reads the route's whole window of history, so the job's cost
+per pass is fixed rather than proportional to the population (a score may be up to
+``routes / per_pass`` passes old).
 """
 
 from __future__ import annotations
@@ -127,7 +133,8 @@ def score(h: History, p: Params = Params()) -> Reputation:
 
 _TAKE_DIRTY = """
     DELETE FROM reputation_dirty WHERE route_id IN (
-        SELECT route_id FROM reputation_dirty ORDER BY route_id LIMIT :batch FOR UPDATE SKIP LOCKED)
+        SELECT route_id FROM reputation_dirty WHERE route_id > :after ORDER BY route_id LIMIT :batch
+        FOR UPDATE SKIP LOCKED)
     RETURNING route_id
 """
 _HISTORY = """
@@ -194,18 +201,26 @@ class ReputationJob(Job):
         p = Params.from_settings(s)
         scored = marked = 0
         stale = ctx.now - timedelta(seconds=float(s.reputation_max_age))
-        while not ctx.should_stop():
-            n = 0
+        left = int(s.reputation_per_pass)  # a bounded share per pass, resumed in route id order
+        after = int(ctx.state.get("after", 0))
+        while left > 0 and not ctx.should_stop():
+            n, wrapped = 0, False
+            batch = min(ctx.batch_size, left)
             with ctx.engine.begin() as conn:
                 ctx.fence(conn)
-                ids = list(conn.execute(sa.text(_TAKE_DIRTY), {"batch": ctx.batch_size}).scalars())
+                ids = list(conn.execute(sa.text(_TAKE_DIRTY), {"after": after, "batch": batch}).scalars())
                 if ids:
                     scored += recompute(conn, ids, ctx.now, int(s.reputation_window_days), p)
+                    left -= len(ids)
+                    after = max(ids)
+                elif after:
+                    after, wrapped = 0, True  # the end of the id range: on to the routes dirtied meanwhile
                 else:
-                    n = conn.execute(sa.text(_MARK_STALE), {"stale": stale, "batch": ctx.batch_size}).rowcount
+                    n = conn.execute(sa.text(_MARK_STALE), {"stale": stale, "batch": batch}).rowcount
                     marked += n
+                ctx.save_state({"after": after}, conn)
             ctx.tick()
-            if not ids and n == 0:
+            if not ids and not wrapped and n == 0:
                 return {"scored": scored, "stale_marked": marked, "complete": True}
         return {"scored": scored, "stale_marked": marked, "complete": False}
 

@@ -11,7 +11,7 @@ import json
 
 import redis
 
-from magpie.queue.keys import QueueKeys
+from magpie.queue.keys import QueueKeys, fnv1a_32
 from magpie.queue.lease import is_lease_score, text
 
 
@@ -69,6 +69,10 @@ def inspect(client: redis.Redis, keys: QueueKeys, member: str, now_ms: int) -> d
     }
 
 
+_SHARD_MEMO_MAX = 500_000  # members whose shard index is kept between calls (cleared whole when full)
+_shard_memo: dict[int, dict] = {}  # shard count -> {member: shard index}
+
+
 def status(client: redis.Redis, keys: QueueKeys, now_ms: int) -> dict:
     """Per-shard counts for operators (not on the hot path), as of ``now_ms`` (the schedule's clock).
 
@@ -84,15 +88,24 @@ def status(client: redis.Redis, keys: QueueKeys, now_ms: int) -> dict:
         pipe.zrangebyscore(shard, "-inf", now_ms, start=0, num=1, withscores=True)
         pipe.zcount(shard, "-inf", now_ms)
         pipe.zrangebyscore(shard, f"({now_ms}", "+inf", withscores=True, start=0, num=1)
-    pipe.zrangebyscore(keys.leased, "-inf", "+inf", withscores=True)
+    pipe.zrangebyscore(keys.leased, f"({now_ms}", "+inf")  # members only: no score pairs to convert
+    pipe.zrangebyscore(keys.leased, "-inf", now_ms)
     pipe.zcard(keys.dead)
     pipe.exists(keys.paused)
     res = pipe.execute()
-    lease_rows, dead, paused = res[-3:]
+    live_rows, expired_rows, dead, paused = res[-4:]
     per_shard: dict[str, list[int]] = {}
-    for m, sc in lease_rows:
-        entry = per_shard.setdefault(keys.shard_of(text(m)), [0, 0])
-        entry[0 if sc > now_ms else 1] += 1
+    names = keys.all_shards()
+    memo = _shard_memo.setdefault(keys.shards, {})
+    if len(memo) > _SHARD_MEMO_MAX:
+        memo.clear()
+    for col, rows in ((0, live_rows), (1, expired_rows)):
+        for m in rows:
+            n = memo.get(m)
+            if n is None:  # FNV-1a in Python costs microseconds; a lease is seen in many samples
+                n = memo[m] = fnv1a_32(m if isinstance(m, bytes) else m.encode()) % keys.shards
+            entry = per_shard.setdefault(names[n], [0, 0])
+            entry[col] += 1
     shards = []
     for i, shard in enumerate(keys.all_shards()):
         card, oldest, due, nxt = res[4 * i: 4 * i + 4]

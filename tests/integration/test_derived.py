@@ -134,6 +134,22 @@ def test_reputation_job_is_bounded_and_resumes(s, db):
     assert len(_table(db, "SELECT route_id FROM route_reputation")) == len(exp)
 
 
+def test_reputation_scores_a_bounded_share_per_pass_round_robin(s, db):
+    """MAGPIE_REPUTATION_PER_PASS caps each pass; the next pass resumes after the last route scored, so a
+    route dirtied again meanwhile does not starve the others."""
+    exp = _hand_made(db)
+    ids = sorted(exp)
+    capped = s.model_copy(update={"reputation_per_pass": 2})
+    first = run_job("reputation", capped, engine=db, now=NOW)
+    assert first["result"] == {"scored": 2, "stale_marked": 0, "complete": False}
+    with db.begin() as c:  # the first route scored is dirtied again by a new result
+        c.execute(sa.text("INSERT INTO reputation_dirty (route_id) VALUES (:r)"), {"r": ids[0]})
+    second = run_job("reputation", capped, engine=db, now=NOW)
+    assert second["result"]["scored"] == 2  # the third route first, then the wrap-around to the first
+    assert _table(db, "SELECT count(*) FROM reputation_dirty") == [(0,)]
+    assert len(_table(db, "SELECT route_id FROM route_reputation")) == len(exp)
+
+
 def test_stale_scores_are_recomputed_so_recency_decays(s, db):
     exp = _hand_made(db)
     run_job("reputation", s, engine=db, now=NOW)
