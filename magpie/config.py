@@ -248,8 +248,10 @@ class Settings(BaseSettings):
 
     stats_stream_maxlen: int = Field(1_000_000, alias="MAGPIE_STATS_STREAM_MAXLEN", ge=1000)
     """Bound of the results stream (entries); see ``MAGPIE_STATS_OVERFLOW``."""
-    stats_batch: int = Field(500, alias="MAGPIE_STATS_BATCH", ge=1)
-    """Results one ingestion pass reads from the stream and stores in one transaction."""
+    stats_batch: int = Field(2000, alias="MAGPIE_STATS_BATCH", ge=1)
+    """Results one ingestion pass reads from the stream and stores in one transaction (the round trips
+    and statements of a batch are shared by its results: at thousands of results per second, 2,000 cost
+    less per result than 500)."""
     stats_interval: float = Field(1.0, alias="MAGPIE_STATS_INTERVAL", gt=0)
     """Seconds between beat-triggered statistics ingestion passes."""
 

@@ -134,14 +134,17 @@ class _NoAnswer(Exception):
 class _Exchange(asyncio.Protocol):
     """The plain-HTTP path's connection: a bare protocol feeding httptools (no stream objects, no read
     coroutine per chunk). ``done`` resolves with None once the response is complete, the body reached the
-    limit or the peer closed; with the exception when the connection failed mid-answer."""
+    limit or the peer closed; with the exception when the connection failed mid-answer. The response and
+    its parser exist once the first byte came (``resp`` None: nothing came; most dead proxies send
+    nothing)."""
 
-    __slots__ = ("transport", "resp", "parser", "done")
+    __slots__ = ("transport", "resp", "parser", "done", "limit")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
         self.transport: asyncio.Transport | None = None
-        self.resp = _Response(limit)
-        self.parser = httptools.HttpResponseParser(self.resp)
+        self.resp: _Response | None = None
+        self.parser = None
+        self.limit = limit
         self.done: asyncio.Future = loop.create_future()
 
     def connection_made(self, transport) -> None:
@@ -150,6 +153,9 @@ class _Exchange(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.done.done():
             return
+        if self.resp is None:
+            self.resp = _Response(self.limit)
+            self.parser = httptools.HttpResponseParser(self.resp)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
@@ -530,6 +536,8 @@ class CheckEngine:
             return _Attempt(ok=False, error="ConnectionError")
         if failed is not None:
             raise failed  # a reset: mapped like a stream's read error
+        if exchange.resp is None:
+            raise _NoAnswer()
         return self._verdict(exchange.parser, exchange.resp, started)
 
     def _verdict(self, parser, resp: _Response, started: float) -> _Attempt:

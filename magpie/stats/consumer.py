@@ -195,6 +195,7 @@ def ingest(
     geo=None,
     stream: str | None = None,
     dead_stream: str | None = None,
+    probe: bool = True,
 ) -> IngestReport:
     """Apply one batch of stream entries to PostgreSQL, then acknowledge them.
 
@@ -234,6 +235,9 @@ def ingest(
         stream / dead_stream: the results stream read and the dead-letter stream written (default: the
             untagged pair; a partitioned schedule has a pair per partition,
             :func:`magpie.queue.partitions.stream_pairs`, each ingested by its own call).
+        probe: ask ``SELECT 1`` before anything is read (False: a batch right after a committed one, whose
+            database answered a moment ago; a failure is still caught by the batch's own transaction and
+            its deliveries given back). The trial write after a backoff is made either way.
     Returns:
         :class:`IngestReport`.
     Raises:
@@ -258,7 +262,7 @@ def ingest(
         if down is None:
             report.infra_cleared = infra.clear(redis, prefix)
     else:
-        down = ping_error(engine)
+        down = ping_error(engine) if probe else None
     if down is not None:  # nothing read, no delivery count raised
         return _infra_failure(report, redis, prefix, down, backoff_s, backoff_cap_s)
 

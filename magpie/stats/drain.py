@@ -62,13 +62,15 @@ def ingest_backlog(redis: redis_lib.Redis, engine: Engine, settings, *, passes: 
         geo = shared(settings, redis)  # exit addresses are enriched as they are written
     total = 0
     live = list(pairs)
+    answered = False  # the database committed a batch of this run: no SELECT 1 before the next one
     for _ in range(passes):
         drained = []
         for stream, dead in live:  # a batch of each stream in turn, same consumer group on every stream
             rep = ingest(redis, engine, settings.redis_prefix, consumer, batch=settings.stats_batch,
                          max_deliveries=settings.stats_max_deliveries, backoff_s=settings.stats_infra_backoff,
                          backoff_cap_s=settings.stats_infra_backoff_cap, geo=geo, stream=stream,
-                         dead_stream=dead)
+                         dead_stream=dead, probe=not answered)
+            answered = answered or rep.committed > 0
             total += rep.committed
             if rep.infra_cleared:
                 log.info("stats ingestion: the database accepts writes again after %d failed attempt(s)",
