@@ -131,6 +131,10 @@ class _NoAnswer(Exception):
     """The connection closed before a complete response head arrived."""
 
 
+_EXPIRED = object()
+"""What a bare exchange's futures resolve with when the attempt's deadline passed (no exception)."""
+
+
 class _Exchange(asyncio.Protocol):
     """The plain-HTTP path's connection: a bare protocol feeding httptools (no stream objects, no read
     coroutine per chunk). ``done`` resolves with None once the response is complete, the body reached the
@@ -149,6 +153,11 @@ class _Exchange(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+
+    def expire(self) -> None:
+        """The deadline passed (a loop timer): resolve with :data:`_EXPIRED`."""
+        if not self.done.done():
+            self.done.set_result(_EXPIRED)
 
     def data_received(self, data: bytes) -> None:
         if self.done.done():
@@ -233,6 +242,10 @@ class _SocksExchange(_Exchange):
     def _fail(self, reason) -> None:
         if not self.ready.done():
             self.ready.set_result(reason)
+
+    def expire(self) -> None:
+        self._fail(_EXPIRED)
+        super().expire()
 
     def data_received(self, data: bytes) -> None:
         if self.ready.done():
@@ -437,12 +450,10 @@ class CheckEngine:
             addrs = list(dict.fromkeys(info[4][0] for info in infos))
         return self.egress.allowed(addrs) if self.egress is not None else addrs
 
-    async def _open(self, route: Route, connected: Callable[[], None]
-                    ) -> tuple[asyncio.StreamReader | _Exchange, asyncio.StreamWriter | None, bytes]:
-        """Connect through ``route`` to the judge; returns ``(reader, writer, request)``: the stream and the
-        request to send, or for a plain-HTTP proxy to an http judge ``(exchange, None, request)`` (an
-        :class:`_Exchange` protocol, no stream objects). ``connected()`` is called once the TCP connection
-        to the proxy stands, before any handshake."""
+    async def _dial_host(self, route: Route) -> str:
+        """The address to dial for ``route``'s proxy, past the egress guard (an allowed IP literal's
+        verdict is kept per host; a host name is resolved), after checking the judge's address too.
+        Raises :class:`EgressRefused`."""
         host = route.host
         if not self._literals.get(host):  # the verdict on an allowed IP literal is kept per host
             if is_ip_literal(host):
@@ -455,23 +466,20 @@ class CheckEngine:
                 host = (await self._resolve(host, route.port))[0]
         if self.egress is not None:
             await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
+        return host
+
+    async def _open(self, route: Route, connected: Callable[[], None]
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]:
+        """Through an https judge: connect through ``route`` (python-socks: CONNECT, SOCKS4 or SOCKS5,
+        then TLS); returns the stream and the request to send. ``connected()`` is called once the TCP
+        connection to the proxy stands, before any handshake."""
+        host = await self._dial_host(route)
         if route.protocol in ("http", "https"):
-            if not self._tls:
-                loop = asyncio.get_running_loop()
-                exchange = _Exchange(loop, self._limit)
-                await loop.create_connection(lambda: exchange, host, route.port)
-                connected()
-                if route.username is None:
-                    return exchange, None, self._absolute_request
-                req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
-                return exchange, None, req
             proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password,
                           forward=_Dialer(connected))
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
         kind = _SOCKS_TYPES[route.protocol]
-        if not self._tls:
-            return await self._open_socks(route, host, kind is ProxyType.SOCKS4, connected)
         if kind is ProxyType.SOCKS4:
             dest = await self._judge_address()
             proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
@@ -483,35 +491,91 @@ class CheckEngine:
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
 
-    async def _open_socks(self, route: Route, host: str, socks4: bool, connected: Callable[[], None]
-                          ) -> tuple[_SocksExchange, None, bytes]:
-        """A SOCKS route to an http judge on the bare protocol (:class:`_SocksExchange`): connect, then
-        the handshake; returns ``(exchange, None, request)`` once the proxy granted the connection.
-        SOCKS4 carries the judge's IPv4 address; SOCKS5 the judge's name (the proxy resolves it).
-        Raises ``ProxyError`` when the proxy refused or answered out of protocol, ``OSError`` or
-        :class:`_NoAnswer` when it hung up during the handshake."""
-        dest = await self._judge_address() if socks4 else self._judge_host
-        if socks4 and ":" in dest:
-            raise ProxyError("SOCKS4 cannot carry an IPv6 judge address")
+    def _socks_request(self, socks4: bool, dest: str) -> bytes:
+        """The CONNECT request to the judge at ``dest``, built once per judge address."""
         request = self._socks_requests.get((socks4, dest))
-        if request is None:  # built once per judge address, not per attempt
+        if request is None:
+            if socks4 and ":" in dest:
+                raise ProxyError("SOCKS4 cannot carry an IPv6 judge address")
             request = self._socks_requests[(socks4, dest)] = socks_connect_request(socks4, dest, self._judge_port)
+        return request
+
+    async def _bare_attempt(self, route: Route, marks: list[float]) -> _Attempt:
+        """One attempt through an http judge on a bare protocol (:class:`_Exchange`, :class:`_SocksExchange`).
+
+        The deadlines are one timer: until the TCP connection stands it cancels the attempt (a connect
+        timeout: the only exception path), from then on it resolves the exchange as expired, so a dead
+        proxy that accepts and never answers (the common case) ends without an exception. Never raises for
+        network trouble; appends the phase times to ``marks`` like :meth:`_timed_attempt`."""
         loop = asyncio.get_running_loop()
-        exchange = _SocksExchange(loop, self._limit, request, socks4, route.username, route.password)
-        await loop.create_connection(lambda: exchange, host, route.port)
-        connected()
-        exchange.begin()
+        started = time.perf_counter()
+        marks.append(started)
+        t0 = loop.time()
+        task = asyncio.current_task()
+        fired = False
+
+        def connect_deadline() -> None:
+            nonlocal fired
+            fired = True
+            task.cancel()
+
+        handle = loop.call_at(t0 + self.connect_timeout, connect_deadline)
+        socks = route.protocol in _SOCKS_TYPES
+        exchange: _Exchange | None = None
         try:
-            failed = await exchange.ready
-        except BaseException:
-            exchange.transport.abort()
-            raise
-        if failed is not None:
-            exchange.transport.abort()
-            if isinstance(failed, BaseException):
-                raise failed
-            raise ProxyError(failed)
-        return exchange, None, self._origin_request
+            try:
+                host = await self._dial_host(route)
+                if socks:
+                    socks4 = route.protocol == "socks4"
+                    dest = await self._judge_address() if socks4 else self._judge_host
+                    exchange = _SocksExchange(loop, self._limit, self._socks_request(socks4, dest), socks4,
+                                              route.username, route.password)
+                else:
+                    exchange = _Exchange(loop, self._limit)
+                await loop.create_connection(lambda: exchange, host, route.port)
+            except asyncio.CancelledError:
+                if fired and task.uncancel() == 0:
+                    return _Attempt(ok=False, error="ConnectTimeout")
+                raise
+            marks.append(time.perf_counter())
+            handle.cancel()
+            handle = loop.call_at(t0 + self.timeout, exchange.expire)
+            if socks:
+                exchange.begin()
+                failed = await exchange.ready
+                if failed is _EXPIRED:
+                    return _Attempt(ok=False, error="ReadTimeout")
+                if failed is not None:  # refused, out of protocol, or hung up during the handshake
+                    return _Attempt(ok=False, error="SOCKSError")
+                request = self._origin_request
+            elif route.username is None:
+                request = self._absolute_request
+            else:
+                request = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
+            marks.append(time.perf_counter())
+            exchange.transport.write(request)
+            failed = await exchange.done
+            if failed is _EXPIRED:
+                return _Attempt(ok=False, error="ReadTimeout")
+            if failed is not None:  # a parse error or a reset
+                return _Attempt(ok=False, error="ConnectionError")
+            if exchange.resp is None:
+                raise _NoAnswer()
+            return self._verdict(exchange.parser, exchange.resp, started)
+        except EgressRefused:
+            return _Attempt(ok=False, error="EgressRefused", final=True)
+        except ProxyError:
+            return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
+        except ConnectionRefusedError:
+            return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=True)
+        except (_NoAnswer, OSError):
+            if len(marks) < 3:  # the proxy hung up before any answer could start
+                return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
+            return _Attempt(ok=False, error="ConnectionError")
+        finally:
+            handle.cancel()
+            if exchange is not None and exchange.transport is not None:
+                exchange.transport.abort()
 
     async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes,
                         started: float) -> _Attempt:
@@ -527,18 +591,6 @@ class CheckEngine:
             except httptools.HttpParserError:
                 return _Attempt(ok=False, error="ConnectionError")
         return self._verdict(parser, resp, started)
-
-    async def _exchange_plain(self, exchange: _Exchange, request: bytes, started: float) -> _Attempt:
-        """:meth:`_exchange` on an :class:`_Exchange` protocol (the plain-HTTP path)."""
-        exchange.transport.write(request)
-        failed = await exchange.done
-        if isinstance(failed, httptools.HttpParserError):
-            return _Attempt(ok=False, error="ConnectionError")
-        if failed is not None:
-            raise failed  # a reset: mapped like a stream's read error
-        if exchange.resp is None:
-            raise _NoAnswer()
-        return self._verdict(exchange.parser, exchange.resp, started)
 
     def _verdict(self, parser, resp: _Response, started: float) -> _Attempt:
         """The attempt's outcome from a collected response (``started``: ``perf_counter`` at its start).
@@ -576,6 +628,8 @@ class CheckEngine:
     async def _timed_attempt(self, route: Route, marks: list[float]) -> _Attempt:
         """One attempt: the connect under the connect timeout, all of it (the handshake included) under
         the total deadline; never raises for network trouble. Appends the phase times to ``marks``."""
+        if not self._tls:
+            return await self._bare_attempt(route, marks)
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         marks.append(started)
@@ -592,9 +646,6 @@ class CheckEngine:
             async with window:
                 reader, writer, request = await self._open(route, connected)
                 marks.append(time.perf_counter())
-                if writer is None:  # the plain-HTTP path: a bare protocol
-                    transport = reader.transport
-                    return await self._exchange_plain(reader, request, started)
                 transport = writer.transport
                 return await self._exchange(reader, writer, request, started)
         except EgressRefused:

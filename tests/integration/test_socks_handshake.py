@@ -37,7 +37,8 @@ async def _serve(script, got: list[bytes]):
                 elif reply:
                     writer.write(reply)
             await writer.drain()
-            await reader.read(1)  # hold until the client closes
+            while await reader.read(4096):  # hold until the client closes
+                pass
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -120,7 +121,54 @@ def test_socks4_rejection_is_a_socks_error():
     assert (res.alive, res.error) == (False, "SOCKSError")
 
 
-def test_a_reset_mid_answer_through_socks5_is_a_connection_error():
+def test_a_hang_up_mid_answer_through_socks5_is_a_connection_error():
     cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial"
-    res, _ = _check("socks5", [(3, b"\x05\x00"), (len(CONNECT_NAME), SOCKS5_GRANT + cut)])
+    res, _ = _check("socks5", [(3, b"\x05\x00"), (len(CONNECT_NAME), SOCKS5_GRANT + cut), (0, b"!")])
     assert (res.alive, res.error) == (False, "ConnectionError"), res
+
+
+def test_connect_deadline_is_a_connect_timeout_and_an_outside_cancel_still_cancels():
+    """The bare attempt's one timer: before the connection stands it cancels the attempt (ConnectTimeout,
+    here while a host name resolves forever); a cancellation from outside (a lost lease) propagates."""
+
+    async def never(host, port):
+        await asyncio.sleep(3600)
+
+    async def go():
+        eng = CheckEngine("http://127.0.0.1:9/", timeout=2.0, attempts=2, connect_timeout=0.2,
+                          own_addresses={"127.0.0.1"}, resolver=never)
+        t0 = asyncio.get_running_loop().time()
+        res = await eng.check(Route("socks5", "proxy.example", 1080))
+        took = asyncio.get_running_loop().time() - t0
+        task = asyncio.ensure_future(eng.check(Route("http", "proxy.example", 8080)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return res, took
+
+    res, took = asyncio.run(go())
+    assert (res.alive, res.error, res.attempts) == (False, "ConnectTimeout", 2)
+    assert 0.35 <= took < 1.5, took
+
+
+def test_a_proxy_that_never_answers_expires_at_the_deadline_and_a_cancel_stops_it():
+    async def go():
+        got: list[bytes] = []
+        server = await _serve([(3, b"\x05\x00")], got)  # grants the method, never answers the CONNECT
+        port = server.sockets[0].getsockname()[1]
+        eng = CheckEngine("http://127.0.0.9:8080/", timeout=0.3, attempts=1, own_addresses={"127.0.0.1"})
+        try:
+            res = await eng.check(Route("socks5", "127.0.0.1", port))
+            task = asyncio.ensure_future(eng.check(Route("socks5", "127.0.0.1", port)))
+            await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return res
+        finally:
+            server.close()
+
+    res = asyncio.run(go())
+    assert (res.alive, res.error) == (False, "ReadTimeout")
+    assert res.connect_ms is not None and res.handshake_ms is None
