@@ -35,7 +35,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -91,21 +90,6 @@ def measure(args) -> None:
         loop.close()
 
 
-def extract(ref: str) -> tuple[Path, str]:
-    """``git archive`` of ``ref`` into a new temporary directory; returns it and the commit id."""
-    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", f"{ref}^{{commit}}"],
-                         capture_output=True, text=True)
-    if sha.returncode != 0:
-        raise SystemExit(f"{ref!r} is not a commit: {sha.stderr.strip()}")
-    dest = Path(tempfile.mkdtemp(prefix="engine-bench-"))
-    arch = subprocess.Popen(["git", "-C", str(ROOT), "archive", sha.stdout.strip()], stdout=subprocess.PIPE)
-    subprocess.run(["tar", "-x", "-C", str(dest)], stdin=arch.stdout, check=True)
-    arch.stdout.close()
-    if arch.wait() != 0:
-        raise SystemExit("git archive failed")
-    return dest, sha.stdout.strip()
-
-
 def run_child(tree: Path, kind: str, lab: dict, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "MAGPIE_EGRESS_ONLY": "127.0.0.0/8,::1"}
     p = subprocess.run([PY, str(Path(__file__).resolve()), "--measure", "--kind", kind, "--lab", json.dumps(lab),
@@ -137,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [k for k in kinds if k not in KINDS]:
         ap.error(f"unknown kind(s): {', '.join(bad)}")
 
-    base, sha = extract(args.baseline_ref)
+    from pipeline_bench import extract_ref  # the pipeline benchmark's git archive of a ref
+
+    base, sha = extract_ref(args.baseline_ref, "engine-bench-")
     lab_proc = subprocess.Popen(
         [PY, "-m", "magpie.lab.faults", "--host-base", "127.0.0.60", "--tarpit-ports", "8",
          "--judge-port", "8899"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
