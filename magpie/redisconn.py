@@ -110,6 +110,42 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+class CommandPacker:
+    """Packs a command for the wire in one C call (``hiredis.pack_command``) instead of redis-py's
+    per-argument Python encoding: a completion carries tens of thousands of arguments per call, and the
+    per-argument path cost about 0.9 µs each (9x the C call). Arguments hiredis does not take (bool, None,
+    bytearray, ...) go through redis-py's own packer, which packs them or raises its ``DataError`` as before.
+    Stateless: one instance serves every connection of a client."""
+
+    def __init__(self) -> None:
+        import hiredis
+        from redis._parsers.encoders import Encoder
+        from redis.connection import PythonRespSerializer
+
+        self._pack = hiredis.pack_command
+        self._fallback = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode).pack
+
+    def pack(self, *args) -> list:
+        first = args[0]
+        if isinstance(first, str) and " " in first or isinstance(first, bytes) and b" " in first:
+            args = (*first.split(), *args[1:])  # 'CLIENT SETNAME' and the like: separate words on the wire
+        try:
+            return [self._pack(args)]
+        except TypeError:
+            return self._fallback(*args)
+
+
+def _fast_packer(kw: dict):
+    """A :class:`CommandPacker` when this client encodes as redis-py's default (UTF-8, strict) and hiredis
+    is installed; else None (redis-py's packer)."""
+    if kw.get("encoding", "utf-8").lower() not in ("utf-8", "utf8") or kw.get("encoding_errors", "strict") != "strict":
+        return None
+    try:
+        return CommandPacker()
+    except ImportError:  # pragma: no cover - hiredis is a dependency
+        return None
+
+
 def connect(url: str, **kw) -> redis.Redis | redis.RedisCluster:
     """A client for the Redis (or Redis Cluster) that ``url`` names.
 
@@ -126,6 +162,8 @@ def connect(url: str, **kw) -> redis.Redis | redis.RedisCluster:
     if not is_cluster_url(url):
         if scheme_of(url) not in PLAIN_SCHEMES:
             raise RedisUrlError(url_problem(url) or "not a Redis URL")
+        if "command_packer" not in kw and (packer := _fast_packer(kw)) is not None:
+            kw["command_packer"] = packer
         return redis.Redis.from_url(url, **kw)
     from redis.cluster import ClusterNode
 

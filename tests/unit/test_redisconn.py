@@ -66,3 +66,28 @@ def test_an_unreachable_cluster_is_a_connection_error_naming_no_password():
         redisconn.connect("redis+cluster://u:topsecret1@127.0.0.1:1/", socket_connect_timeout=0.5)
     assert isinstance(err.value, redisconn.ClusterUnreachable) and "topsecret1" not in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_command_packer_packs_what_redis_py_packs_and_refuses_what_it_refuses():
+    from redis.connection import Connection
+    from redis.exceptions import DataError
+
+    from magpie.redisconn import CommandPacker
+
+    ours, theirs = CommandPacker(), Connection()
+    for args in [("SET", "k", "v"), ("SET", "k", 1.5), ("INCRBY", "k", -10), ("SET", b"k", b"\xff\x00"),
+                 ("SET", "k", "é"), ("CLIENT SETNAME", "x"), ("EVALSHA", "a" * 40, 2, "k1", "k2", 3, "x" * 5000),
+                 ("SET", "k", bytearray(b"ab")), ("SET", "k", memoryview(b"ab"))]:
+        assert b"".join(ours.pack(*args)) == b"".join(theirs.pack_command(*args)), args
+    for bad in (True, None, object()):
+        with pytest.raises(DataError):
+            ours.pack("SET", "k", bad)
+
+
+def test_plain_clients_pack_in_one_call_unless_told_otherwise():
+    from magpie.redisconn import CommandPacker, connect
+
+    fast = connect("redis://127.0.0.1:6379/0")
+    assert isinstance(fast.connection_pool.connection_kwargs["command_packer"], CommandPacker)
+    latin = connect("redis://127.0.0.1:6379/0", encoding="latin-1")
+    assert "command_packer" not in latin.connection_pool.connection_kwargs
