@@ -23,14 +23,14 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from magpie import redact
+from magpie.base import redact
 from magpie.errors import MagpieError
 
 
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 """Broker URL schemes magpie runs on (Celery/kombu transports: Redis and RabbitMQ; memory for tests)."""
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
-"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.celery_config`)."""
+"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.wiring.celery_config`)."""
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -409,7 +409,7 @@ class Settings(BaseSettings):
     @field_validator("schedule_url")
     @classmethod
     def _schedule_scheme(cls, v: str | None) -> str | None:
-        from magpie.queue.urls import SCHEMES, scheme_of
+        from magpie.base.schedule_urls import SCHEMES, scheme_of
 
         if v is not None and not v.strip():
             return None
@@ -461,7 +461,7 @@ class Settings(BaseSettings):
     @field_validator("api_fetch_allow_private", mode="before")
     @classmethod
     def _api_fetch_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -577,7 +577,7 @@ class Settings(BaseSettings):
     @field_validator("source_allow_private", mode="before")
     @classmethod
     def _source_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -587,7 +587,7 @@ class Settings(BaseSettings):
     @field_validator("enrich_allow_private", mode="before")
     @classmethod
     def _enrich_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -729,7 +729,7 @@ class Settings(BaseSettings):
     @field_validator("check_allow_private", "webhook_allow_private", "rotator_allow_private", mode="before")
     @classmethod
     def _allow_private(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):  # a bool (an override, an older config) stays as its word
             v = "true" if v else "false"
@@ -739,7 +739,7 @@ class Settings(BaseSettings):
     @field_validator("egress_only")
     @classmethod
     def _egress_only(cls, v: str) -> str:
-        from magpie.egress import parse_egress_only
+        from magpie.base.egress import parse_egress_only
 
         parse_egress_only(v)
         return v.strip()
@@ -756,7 +756,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str) -> str:
-        from magpie.redisconn import url_problem
+        from magpie.base.redisconn import url_problem
 
         problem = url_problem(v) or redis_db_problem(v)
         if problem:
@@ -820,7 +820,7 @@ class Settings(BaseSettings):
     def redis_cluster(self) -> bool:
         """True when ``MAGPIE_REDIS_URL`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``):
         the results streams then carry their partition's hash tag (:mod:`magpie.queue.partitions`)."""
-        from magpie.redisconn import is_cluster_url
+        from magpie.base.redisconn import is_cluster_url
 
         return is_cluster_url(self.redis_url)
 
@@ -831,7 +831,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _broker_beside_cluster(self) -> "Settings":
-        from magpie.redisconn import is_cluster_url
+        from magpie.base.redisconn import is_cluster_url
 
         if is_cluster_url(self.redis_url) and "broker_url" not in self.model_fields_set:
             raise ValueError("MAGPIE_REDIS_URL names a Redis Cluster, which cannot be a Celery broker: set "
@@ -913,7 +913,7 @@ def load_settings(**overrides) -> Settings:
     """Build settings from the environment plus explicit ``overrides`` (field names).
 
     Raises :class:`ConfigError` naming the environment variable when a value is invalid. The message
-    never holds a secret (:mod:`magpie.redact`): values of secret settings show as ``'***'``, URL
+    never holds a secret (:mod:`magpie.base.redact`): values of secret settings show as ``'***'``, URL
     passwords as ``user:***@``, and any secret value a validator's text repeats is masked too.
     """
     try:
@@ -936,7 +936,7 @@ def load_settings(**overrides) -> Settings:
         raise ConfigError(message) from None
     if settings.egress_only and not os.environ.get("MAGPIE_EGRESS_ONLY", "").strip():
         # set in .env (or an override) only: the guard and subprocesses read the environment
-        from magpie.egress import install_socket_guard
+        from magpie.base.egress import install_socket_guard
 
         os.environ["MAGPIE_EGRESS_ONLY"] = settings.egress_only
         install_socket_guard()

@@ -46,9 +46,9 @@ from python_socks.async_.asyncio.v2._connect import connect_tcp
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
 from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
-from magpie.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
-from magpie.judges.rules import needle_of, validate_rule
-from magpie.routes import Route
+from magpie.base.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
+from magpie.checker.rules import needle_of, validate_rule
+from magpie.base.routes import Route
 
 log = logging.getLogger(__name__)
 _JUDGE_REFUSED_LOG_EVERY_S = 60.0
@@ -150,14 +150,14 @@ class CheckEngine:
         ssl_context: TLS context for an https judge (default: the system trust store; see
             :func:`magpie.checker.tls.judge_ssl_context`). An https judge logs one warning that anonymity
             grading cannot see headers a proxy adds (it only relays the TLS tunnel).
-        egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
+        egress: the :class:`magpie.base.egress.EgressPolicy` every proxy and the judge must pass before a
             connection is made (host names after resolution); None guards nothing but
             ``MAGPIE_EGRESS_ONLY`` when that is set (tools and tests).
         rule: what a valid HTTP 200 answer is: ``echo`` (default), ``status`` or ``contains:<text>``
-            (:mod:`magpie.judges.rules`).
+            (:mod:`magpie.checker.rules`).
         resolver: ``await resolver(host, port) -> list[str]`` resolving host names (a shared
             :class:`magpie.judges.dns.DnsCache`); default: the loop's ``getaddrinfo`` on every call.
-        limiter / rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
+        limiter / rate: a :class:`magpie.coordination.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
             requests per second across the deployment (<= 0: unlimited). Each attempt takes a token
             first; a check that cannot get one in time ends with error ``"RateLimited"`` and
             ``judge_fault`` set (the route is retried, not recorded).
@@ -220,7 +220,7 @@ class CheckEngine:
         self.limiter = limiter if rate and rate > 0 else None
         self.rate = float(rate or 0.0)
         if self.limiter is not None:
-            from magpie.ratelimit import judge_bucket_name
+            from magpie.coordination.ratelimit import judge_bucket_name
 
             self._bucket = judge_bucket_name(judge_url)
 

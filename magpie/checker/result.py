@@ -19,7 +19,7 @@ Error classes in :attr:`CheckResult.error`:
 - ``Aborted``: the check was stopped (its lease was lost);
 - ``UnsupportedProtocol``: the route's protocol is not one of http, https, socks4, socks5;
 - ``EgressRefused``: the proxy's address (or the judge's) is outside the egress policy: no connection was
-  made (see :mod:`magpie.egress`).
+  made (see :mod:`magpie.base.egress`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 CONNECTION_ERRORS = frozenset(
     {"ConnectTimeout", "ReadTimeout", "ProxyError", "SOCKSError", "SSLError", "ConnectionError"}

@@ -49,7 +49,7 @@ def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disa
     from magpie.judges.store import add_judge
 
     with user_errors(ValueError):
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         guard = EgressPolicy(state.settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
         row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, egress=guard,

@@ -31,7 +31,7 @@ def maintenance() -> None:
 @pass_state
 def maintenance_run(state: CliState, job: str, as_json: bool, batch_size, max_batches, max_seconds) -> None:
     """Run one pass of JOB (or `all`) now, under its leader lock. Exits 1 if a pass failed."""
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
     from magpie.maintenance.runner import run_job
 
     names = list(JOBS) if job == "all" else [job]
@@ -62,7 +62,7 @@ def _heartbeats(state: CliState) -> dict:
 
     import redis
 
-    from magpie.instances import InstanceRegistry
+    from magpie.coordination.instances import InstanceRegistry
 
     s = state.settings
     try:

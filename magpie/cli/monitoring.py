@@ -18,7 +18,7 @@ from magpie.cli.output import echo_json
 @pass_state
 def metrics_cmd(state: CliState, host: str | None, port: int | None) -> None:
     """Serve /metrics in Prometheus text format (schedule, stream, maintenance, check counters)."""
-    from magpie.metrics import serve
+    from magpie.observability.metrics import serve
 
     s = state.settings
     host = host or s.metrics_host
@@ -43,7 +43,7 @@ def metrics_cmd(state: CliState, host: str | None, port: int | None) -> None:
 @pass_state
 def health_cmd(state: CliState, as_json: bool, timeout: float | None) -> None:
     """Readiness of Redis, PostgreSQL, the broker, the schema and the schedule; exits 1 when not ready."""
-    from magpie.health import check_health
+    from magpie.observability.health import check_health
 
     rep = check_health(state.settings, timeout=timeout)
     if as_json:

@@ -36,7 +36,7 @@ import csv
 import json
 import re
 
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 FORMATS = ("auto", "ip:port:user:pass", "ip:port:country:anonymity")
 """Values of ``fmt``: what the two fields after ``host:port:`` are (``auto``: refuse when unsure)."""

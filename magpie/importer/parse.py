@@ -1,4 +1,4 @@
-"""Parse the proxy lists people publish and trade into :class:`~magpie.routes.Route` values.
+"""Parse the proxy lists people publish and trade into :class:`~magpie.base.routes.Route` values.
 
 Address forms (the first column of a line)::
 
@@ -9,7 +9,7 @@ Address forms (the first column of a line)::
 ``socks5h`` as ``socks5``. One trailing ``/`` after a scheme form is allowed. Credentials in the scheme and
 ``user:pass@`` forms are percent-decoded; the ``host:port:user:pass`` form is taken literally. Hosts are IPv4,
 bracketed IPv6 (``[2001:db8::1]:8080``, in every form) or host names, normalised by
-:func:`magpie.routes.normalize_host`; an unbracketed IPv6 address is refused as ambiguous. The ``:user:pass``
+:func:`magpie.base.routes.normalize_host`; an unbracketed IPv6 address is refused as ambiguous. The ``:user:pass``
 suffix is also read after a scheme form without ``@``. A line without a scheme takes ``default_protocol``.
 
 Columns: the first column ends at the first whitespace, ``;`` or ``,``; everything after it (country codes,
@@ -65,7 +65,7 @@ from urllib.parse import unquote
 
 from magpie.errors import MagpieError
 from magpie.importer.lines import read_lines, segments, split_lines
-from magpie.routes import PROTOCOLS, Route, normalize_host
+from magpie.base.routes import PROTOCOLS, Route, normalize_host
 
 __all__ = ["InvalidLine", "ParseError", "ParseResult", "Refuse", "parse_file", "parse_line", "parse_lines", "read_lines",
            "split_lines"]
@@ -167,7 +167,7 @@ def _is_bare_ipv6(hostport: str) -> bool:
 
 
 def _normalize_host(host: str) -> str:
-    """:func:`magpie.routes.normalize_host`, skipping it for hosts that are already canonical."""
+    """:func:`magpie.base.routes.normalize_host`, skipping it for hosts that are already canonical."""
     if _CANONICAL_IPV4.fullmatch(host) or _CANONICAL_NAME.fullmatch(host):
         return host
     if host[:1] == "[" and host[-1:] == "]" and _HEX_COLON_ONLY.fullmatch(host, 1, len(host) - 1):
@@ -367,7 +367,7 @@ def parse_line(text: str, default_protocol: str = "http", fmt: str = "auto") -> 
 
     Args:
         text: the line, with or without its line ending.
-        default_protocol: protocol for an address without a scheme; one of :data:`magpie.routes.PROTOCOLS`.
+        default_protocol: protocol for an address without a scheme; one of :data:`magpie.base.routes.PROTOCOLS`.
         fmt: as in :func:`parse_lines` (a line alone has no header: CSV rows need :func:`parse_lines`).
 
     Returns:

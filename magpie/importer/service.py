@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from magpie.config import Settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.errors import MagpieError
 from magpie.importer.parse import Refuse, parse_file
 
@@ -69,7 +69,7 @@ def egress_refusal(settings: Settings) -> Refuse:
     host names pass here and are checked after resolution, before any connection. Cached per host.
     Raises ``ValueError`` for a malformed setting.
     """
-    from magpie.egress import EgressPolicy, EgressRefused
+    from magpie.base.egress import EgressPolicy, EgressRefused
 
     policy = EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
     seen: dict[str, str | None] = {}
@@ -95,7 +95,7 @@ def schedule_item(record, cipher=None) -> tuple[str, str]:
 
     Args:
         record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
-        cipher: a :class:`magpie.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
+        cipher: a :class:`magpie.base.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
             pass :func:`magpie.queue.payload.write_cipher` of the settings
             (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``).
     Returns:
@@ -236,7 +236,7 @@ def _schedule_refusal(queue, exc: BaseException) -> str:
     """One line for a failed schedule write, naming Redis's memory state when Redis refused it."""
     client = getattr(queue, "r", None)
     if client is not None:
-        from magpie.redis_policy import refusal_line
+        from magpie.queue.redis_policy import refusal_line
 
         return refusal_line(client, exc)
     first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]

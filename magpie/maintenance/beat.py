@@ -1,4 +1,4 @@
-"""Beat entries of the maintenance jobs (read by :func:`magpie.celery_config.build`, ``BEAT_PROVIDERS``)."""
+"""Beat entries of the maintenance jobs (read by :func:`magpie.wiring.celery_config.build`, ``BEAT_PROVIDERS``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def cadences(settings) -> dict[str, float]:
 
     Raises :class:`magpie.config.ConfigError` naming the variable for an unknown job name."""
     from magpie.config import ConfigError, parse_cadences
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
 
     overrides = parse_cadences(settings.maintenance_cadences)
     unknown = sorted(set(overrides) - set(JOBS))

@@ -7,7 +7,7 @@ then record success (``last_success_at``, ``last_result``) or failure (``failure
 the job stops at its next batch boundary.
 
 One leader at a time: every run record (start, success, failure) and the job's fenced writes carry the
-lock's generation (:mod:`magpie.fencing`); a pass whose generation is older than one already recorded
+lock's generation (:mod:`magpie.coordination.fencing`); a pass whose generation is older than one already recorded
 (a newer leader ran meanwhile) is refused and reports ``skipped`` with reason ``fenced``. Beat-triggered
 passes (``once_per_slot``) run once per cadence slot, ``floor(redis time / cadence)``: the first pass
 to hold the lock records the slot with ``SET NX`` (key ``<prefix>leader:<lock>:slot:<n>``), and a second
@@ -25,10 +25,10 @@ import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import MagpieError
-from magpie.fencing import StaleLeader, fence
-from magpie.leader import LeaderLock, locks_held
+from magpie.coordination.fencing import StaleLeader, fence
+from magpie.coordination.leader import LeaderLock, locks_held
 from magpie.maintenance.base import Job, JobContext
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def resolve(job: str | Job) -> Job:
     Raises ``KeyError`` with the known names for an unknown job."""
     if isinstance(job, Job):
         return job
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
 
     try:
         return JOBS[job]
@@ -81,7 +81,7 @@ def cadence_of(settings, job: Job) -> float:
 
 def slot_key(prefix: str, lock: str, slot: int) -> str:
     """Redis key recording that cadence slot ``slot`` of the lock ``lock`` ran."""
-    from magpie.leader import slot_key as key
+    from magpie.coordination.leader import slot_key as key
 
     return key(prefix, lock, slot)
 
@@ -89,9 +89,9 @@ def slot_key(prefix: str, lock: str, slot: int) -> str:
 def claim_slot(redis: redis_lib.Redis, prefix: str, job: Job, cadence: float,
                generation: int | None) -> bool:
     """Record that this pass runs ``job``'s current cadence slot (``SET NX``, Redis clock); False when a
-    pass already ran it (:func:`magpie.leader.claim_cadence_slot`). Raises ``redis.RedisError`` when
+    pass already ran it (:func:`magpie.coordination.leader.claim_cadence_slot`). Raises ``redis.RedisError`` when
     Redis is unreachable."""
-    from magpie.leader import claim_cadence_slot
+    from magpie.coordination.leader import claim_cadence_slot
 
     return claim_cadence_slot(redis, prefix, job.lock, cadence, generation) is not None
 
@@ -111,7 +111,7 @@ def run_job(
     """Run one pass of ``job`` now, under its leader lock.
 
     Args:
-        job: job name (see :data:`magpie.maintenance.registry.JOBS`) or a :class:`Job`.
+        job: job name (see :data:`magpie.wiring.jobs.JOBS`) or a :class:`Job`.
         settings: :class:`magpie.config.Settings`.
         engine / redis: default: the process-wide engine on ``MAGPIE_DATABASE_URL`` / a client on
             ``MAGPIE_REDIS_URL``.
@@ -227,7 +227,7 @@ def run_job(
 
 def run_all(settings, **kw) -> list[dict]:
     """One pass of every registered job, in registry order (see :func:`run_job`; same keywords)."""
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
 
     return [run_job(name, settings, **kw) for name in JOBS]
 
@@ -269,7 +269,7 @@ def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis
         sqlalchemy.exc.DBAPIError: database unavailable.
     """
     from magpie.config import parse_cadences
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
 
     if engine is None:
         from magpie.db.session import get_engine

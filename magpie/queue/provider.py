@@ -43,10 +43,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.lease import Lease
-from magpie.queue.urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
+from magpie.base.schedule_urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
 
 
 

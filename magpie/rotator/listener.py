@@ -12,7 +12,7 @@ which are accepted):
 
 Before any route is tried, the destination passes the listener's
 :class:`magpie.rotator.policy.DestinationPolicy` (refused: ``403`` / SOCKS5 reply 2), and credentials are
-checked under a per-address :class:`magpie.throttle.FailureThrottle`.
+checked under a per-address :class:`magpie.coordination.throttle.FailureThrottle`.
 
 Each connection tries up to ``tries`` routes of its :class:`magpie.rotator.pool.RoutePool`: a route that
 fails to connect (or to complete its proxy handshake within ``connect_timeout``) is counted, penalised in
@@ -36,10 +36,10 @@ from dataclasses import dataclass, field
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-from magpie.egress import EgressRefused
+from magpie.base.egress import EgressRefused
 from magpie.rotator.policy import DestinationPolicy, DestinationRefused, resolve_allowed, system_resolver
 from magpie.rotator.pool import RoutePool, Upstream
-from magpie.throttle import FailureLog, FailureThrottle
+from magpie.coordination.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,12 @@ class Listener:
         on_failure: ``on_failure(spec, upstream)`` for every failed upstream (metrics); optional.
         destinations: the :class:`magpie.rotator.policy.DestinationPolicy` client destinations pass
             (None: any destination; tools and tests only).
-        upstream_egress: the checks' :class:`magpie.egress.EgressPolicy` every upstream address passes
+        upstream_egress: the checks' :class:`magpie.base.egress.EgressPolicy` every upstream address passes
             before the dial, after resolving a route's name (None: no check).
         resolver: ``await resolver(host, port) -> list[str]`` for upstream names (default: getaddrinfo).
         throttle / auth_log: per-address backoff of failed authentications and their rate log (shared by
             the process's listeners; default: a private one each).
-        rate_limiter / client_rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``rotator``) and the
+        rate_limiter / client_rate: a :class:`magpie.coordination.ratelimit.BlockLimiter` (kind ``rotator``) and the
             new connections per second one client address may open to this rotator across the
             deployment (``MAGPIE_ROTATOR_CLIENT_RATE``; <= 0: unlimited). A connection over it is closed
             at once, unread, and counted in :attr:`ListenerStats.rate_limited`.

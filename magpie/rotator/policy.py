@@ -2,7 +2,7 @@
 
 A rotator is a proxy anyone who reaches its port may use, so the destinations its clients ask for pass a
 :class:`DestinationPolicy` before any upstream is tried: the egress guard's rules
-(:class:`magpie.egress.EgressPolicy`: loopback, private, link-local, reserved... refused unless
+(:class:`magpie.base.egress.EgressPolicy`: loopback, private, link-local, reserved... refused unless
 ``MAGPIE_ROTATOR_ALLOW_PRIVATE`` allows them back) and a port allow-list (``MAGPIE_ROTATOR_ALLOWED_PORTS``,
 or the rotator's own ``allowed_ports``). A destination name is resolved by the rotator and every address
 must pass; the upstream is then handed the checked address, never the name, so no later lookup can
@@ -17,7 +17,7 @@ import ipaddress
 import re
 import socket
 
-from magpie.egress import EgressPolicy, EgressRefused, egress_only_refusal, is_ip_literal
+from magpie.base.egress import EgressPolicy, EgressRefused, egress_only_refusal, is_ip_literal
 
 DEFAULT_PORTS = "80,443"
 """Destination ports a rotator tunnels to unless configured otherwise."""

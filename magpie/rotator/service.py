@@ -2,7 +2,7 @@
 
 Every change bumps the row's ``revision`` in the same transaction and then publishes the rotator's id on
 the Redis channel :func:`channel` (a hint only: rotator processes also reconcile on a cadence, so a lost
-notification still converges). Passwords are encrypted with :meth:`magpie.crypto.Keyring.encrypt` and
+notification still converges). Passwords are encrypted with :meth:`magpie.base.crypto.Keyring.encrypt` and
 never returned or printed; listings show ``auth: yes/no``.
 """
 

@@ -298,7 +298,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _fetch(settings, url: str, resolve) -> bytes:
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
     from magpie.enrich.fetch import FetchError, get
 
     policy = EgressPolicy(settings.api_fetch_allow_private, "MAGPIE_API_FETCH_ALLOW_PRIVATE")
@@ -435,7 +435,7 @@ def api_export(
 ):
     """The same filters and formats as ``magpie export`` (docs/export.md). Credentials only with
     ``with_credentials=true`` and a token of role operate or admin (audit-logged)."""
-    from magpie.export import ExportError, ExportFilter, stream_export
+    from magpie.admin.export import ExportError, ExportFilter, stream_export
 
     if with_credentials and (p is None or p.role == "read"):
         raise AuthRefused(403 if p else 401, "forbidden" if p else "token_required",

@@ -14,7 +14,7 @@ from magpie.config import load_settings
 from magpie.judges.ownership import drops_key
 from magpie.maintenance.runner import run_job
 from magpie.queue import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 PARTITIONS = 4  # the redis-partitioned provider's count (conftest.PARTITIONS)
@@ -148,7 +148,7 @@ def test_orphan_routes_leave_the_schedule_and_the_database_on_every_provider(jq,
 def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq, job_settings, db, redis_client,
                                                                             tmp_path):
     from magpie.blacklists.sources import add_source, set_policy
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import upsert_routes
     from magpie.importer.service import schedule_item
 
@@ -171,7 +171,7 @@ def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq,
 
 
 def test_promote_shares_its_budget_and_the_engines_on_every_provider(jq, job_settings):
-    from magpie.cycle import promote_with_settings
+    from magpie.pipeline.promote import promote_with_settings
 
     jq.schedule([(f"c0nf{i:020x}", Payload(i, Route("http", "127.0.0.1", 9), f"c0nf{i:020x}", [1]).encode())
                  for i in range(40)])

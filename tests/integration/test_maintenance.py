@@ -12,17 +12,17 @@ import sqlalchemy as sa
 
 from helpers import wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.importer.service import schedule_item
-from magpie.leader import LeaderLock
+from magpie.coordination.leader import LeaderLock
 from magpie.maintenance import run_job
 from magpie.maintenance.base import Job
 from magpie.maintenance.partitions import create_month_partition, list_partitions
 from magpie.maintenance.rebuild import marker_key, rebuild_schedule
 from magpie.maintenance.runner import job_status, read_job_status
 from magpie.queue import QueueError, RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "test-key-0123456789abcdef"
 

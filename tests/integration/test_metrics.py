@@ -12,21 +12,21 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from magpie.config import get_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.importer.service import schedule_item
-from magpie.leader import LeaderLock
+from magpie.coordination.leader import LeaderLock
 from magpie.maintenance import run_job
-from magpie.counters import (
+from magpie.base.counters import (
     LATENESS_BUCKETS,
     check_outcomes,
     count_stats_drops,
     read_counters,
     record_check_batch,
 )
-from magpie.metrics import build_registry, serve
+from magpie.observability.metrics import build_registry, serve
 from magpie.queue import RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import encode_result, ensure_group, stream_key
 
 KEY = "test-key-0123456789abcdef"
@@ -216,10 +216,10 @@ def test_cli_maintenance_run_and_status(cli_env, db):
 
 
 def test_beat_entries_cover_every_job_with_expiry_and_overrides(settings):
-    from magpie.celery_config import build
+    from magpie.wiring.celery_config import build
     from magpie.config import ConfigError
     from magpie.maintenance.beat import beat_entries
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS
 
     entries = beat_entries(settings)
     assert set(entries) == {f"maintenance-{j}" for j in JOBS}

@@ -17,13 +17,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from magpie.config import Settings
-from magpie.counters import CHECK_OUTCOMES, LATENCY_BUCKETS, read_counters, record_check_latency
-from magpie.crypto import get_keyring
+from magpie.base.counters import CHECK_OUTCOMES, LATENCY_BUCKETS, read_counters, record_check_latency
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.maintenance.beat import cadences
-from magpie.maintenance.registry import JOBS
-from magpie.metrics import serve
-from magpie.routes import Route
+from magpie.wiring.jobs import JOBS
+from magpie.observability.metrics import serve
+from magpie.base.routes import Route
 from magpie.stats import encode_result, ensure_group
 from magpie.stats.drain import ingest_backlog
 

@@ -12,7 +12,7 @@ from magpie.maintenance import interval as iv
 from magpie.maintenance.runner import run_job
 from magpie.queue import QueueKeys, RouteQueue
 from magpie.queue.payload import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def _items(n: int):

@@ -28,7 +28,7 @@ import requests
 
 from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import latest_health
 from magpie.lab.lab import LAB_PASSWORD, start_free_lab
 

@@ -18,9 +18,9 @@ from helpers import append_entries
 
 from helpers import consumers_idle, pending_idle, wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import GROUP, dead_key, encode_result, ensure_group, ingest, stream_key
 from magpie.stats.upkeep import (
     cleanup_consumers,

@@ -19,7 +19,7 @@ from magpie.importer.parse import (
     parse_line,
     parse_lines,
 )
-from magpie.routes import PROTOCOLS, Route, normalize_host
+from magpie.base.routes import PROTOCOLS, Route, normalize_host
 
 IP = "203.0.113.9"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.config import ConfigError, load_settings
 
 
@@ -54,7 +54,7 @@ def test_a_cluster_needs_its_own_broker(monkeypatch):
 
 
 def test_stats_keys_are_todays_on_one_server():
-    from magpie.stats.keys import dead_key, infra_key, stream_key, tagged_for
+    from magpie.queue.streams import dead_key, infra_key, stream_key, tagged_for
 
     assert (stream_key("m:"), dead_key("m:"), infra_key("m:")) == ("m:stats:results", "m:stats:dead", "m:stats:infra")
     assert stream_key("m:", True) == "m:{default}:stats:results"
