@@ -19,12 +19,13 @@ from magpie.cli.output import echo_json
 def metrics_cmd(state: CliState, host: str | None, port: int | None) -> None:
     """Serve /metrics in Prometheus text format (schedule, stream, maintenance, check counters)."""
     from magpie.observability.metrics import serve
+    from magpie.wiring.jobs import JOBS
 
     s = state.settings
     host = host or s.metrics_host
     port = port if port is not None else (s.metrics_port or 9464)
     with user_errors(OSError, prefix=f"cannot listen on {host}:{port}: "):
-        server, _thread = serve(s, host, port)
+        server, _thread = serve(s, host, port, jobs=JOBS.values())
     click.echo(f"metrics on http://{host}:{server.server_port}/metrics (Ctrl-C to stop)")
     try:
         while True:

@@ -45,7 +45,7 @@ from magpie.base.redisconn import is_cluster
 log = logging.getLogger(__name__)
 
 STANDING_LOCKS: tuple[str, ...] = ("respread", "alerts", "outbox-housekeeping")
-"""Leader-lock names taken outside the maintenance registry: ``magpie respread``, the alert evaluation and
+"""Leader-lock names taken outside the maintenance job list: ``magpie respread``, the alert evaluation and
 the outbox housekeeping. Each maintenance job's lock is its :attr:`magpie.maintenance.base.Job.lock`."""
 
 DRIFT = 0.02

@@ -8,9 +8,10 @@ exposes, and adds nothing of its own to what they return:
 * the route schedule: :meth:`magpie.queue.RouteQueue.status`;
 * the results stream: :func:`magpie.stats.status.pending_summary` and
   :func:`magpie.stats.upkeep.replay_floor`;
-* leader locks: :func:`magpie.coordination.leader.locks_held` over the maintenance jobs' locks
-  (:data:`magpie.wiring.jobs.JOBS`) and :data:`magpie.coordination.leader.STANDING_LOCKS`;
-* maintenance passes: :func:`magpie.maintenance.runner.read_job_status`, one series per registered job
+* leader locks: :func:`magpie.coordination.leader.locks_held` over the maintenance jobs' locks (the
+  jobs the exporter is given: :data:`magpie.wiring.jobs.JOBS`) and
+  :data:`magpie.coordination.leader.STANDING_LOCKS`;
+* maintenance passes: :func:`magpie.maintenance.runner.read_job_status`, one series per given job
   (zero for a job that never ran, so staleness alerts see it) and its cadence;
 * what the product measures: alive routes by protocol, anonymity and workspace (one bounded
   ``GROUP BY`` on ``route_health``) and the latency of stored checks (a histogram that ingestion fills,
@@ -36,6 +37,7 @@ import logging
 import threading
 import time
 import typing
+from collections.abc import Iterable
 
 import redis as redis_lib
 from prometheus_client import CollectorRegistry
@@ -44,8 +46,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from magpie.base import redisconn
 from magpie.base.counters import CHECK_OUTCOMES, read_counters
 from magpie.coordination.leader import STANDING_LOCKS, locks_held
+from magpie.maintenance.base import Job
+from magpie.maintenance.beat import cadences
 from magpie.maintenance.interval import interval_families
-from magpie.wiring.jobs import JOBS
 from magpie.maintenance.runner import read_job_status
 from magpie.stats.status import pending_summary
 from magpie.stats.upkeep import replay_floor
@@ -82,6 +85,7 @@ class MagpieCollector:
 
     Args:
         settings: :class:`magpie.config.Settings` (prefix, shards, URLs).
+        jobs: the maintenance jobs whose passes and leader locks it reports (:data:`magpie.wiring.jobs.JOBS`).
         redis: client to use (default: one from ``MAGPIE_REDIS_URL`` with 2-second socket timeouts and no
             retries, so a scrape fails fast).
         engine: engine to use (default: one on ``MAGPIE_DATABASE_URL`` with a 2-second connect timeout
@@ -91,8 +95,9 @@ class MagpieCollector:
     ``magpie_exporter_source_up{source="redis"|"postgres"} 0``; a scrape never fails as a whole.
     """
 
-    def __init__(self, settings, *, redis: redis_lib.Redis | None = None, engine=None):
+    def __init__(self, settings, *, jobs: Iterable[Job] = (), redis: redis_lib.Redis | None = None, engine=None):
         self.settings = settings
+        self.jobs = tuple(jobs)
         self._redis = redis
         self._engine = engine
         self._lock = threading.Lock()
@@ -140,7 +145,7 @@ class MagpieCollector:
     def _redis_metrics(self):
         r = self.redis
         prefix = self.settings.redis_prefix
-        yield self._leaders(r, prefix)
+        yield self._leaders(r, prefix, self.jobs)
         yield from _counter_families(read_counters(r, prefix))
         from magpie.queue.partitions import settings_stream_pairs
 
@@ -165,11 +170,11 @@ class MagpieCollector:
         yield from api_families(r, prefix)
 
     @staticmethod
-    def _leaders(r: redis_lib.Redis, prefix: str) -> GaugeMetricFamily:
+    def _leaders(r: redis_lib.Redis, prefix: str, jobs: tuple[Job, ...]) -> GaugeMetricFamily:
         leader = GaugeMetricFamily(
             "magpie_leader_job_active", "1 while some process holds the leader lock", labels=["lock"]
         )
-        locks = {name: job.lock for name, job in JOBS.items()} | {name: name for name in STANDING_LOCKS}
+        locks = {job.name: job.lock for job in jobs} | {name: name for name in STANDING_LOCKS}
         for name, held in zip(locks, locks_held(r, prefix, list(locks.values()))):
             leader.add_metric([name], 1.0 if held else 0.0)
         return leader
@@ -178,7 +183,7 @@ class MagpieCollector:
     def _pg_metrics(self):
         from magpie.judges.metrics import judge_families
 
-        yield from _maintenance_families(self.settings, read_job_status(self.engine))
+        yield from _maintenance_families(self.settings, self.jobs, read_job_status(self.engine))
         with self.engine.connect() as conn:
             yield from judge_families(conn)
         yield from self._route_families()
@@ -259,10 +264,8 @@ def _deployment_created(engine) -> float | None:
     return None if at is None else at.timestamp()
 
 
-def _maintenance_families(settings, rows: list[dict]) -> list:
-    """Maintenance families: every registered job (zeros for one that never ran) and any recorded one."""
-    from magpie.maintenance.beat import cadences
-
+def _maintenance_families(settings, jobs: tuple[Job, ...], rows: list[dict]) -> list:
+    """Maintenance families: every job of ``jobs`` (zeros for one that never ran) and any recorded one."""
     label = ["maintenance_job"]
     last_ok = GaugeMetricFamily(
         "magpie_maintenance_last_success_timestamp_seconds",
@@ -280,8 +283,8 @@ def _maintenance_families(settings, rows: list[dict]) -> list:
         "magpie_maintenance_cadence_seconds", "The job's effective beat cadence (0: not scheduled)",
         labels=label,
     )
-    every = cadences(settings)
-    by_job = {name: {} for name in JOBS} | {row["job"]: row for row in rows}
+    every = cadences(settings, jobs)
+    by_job = {job.name: {} for job in jobs} | {row["job"]: row for row in rows}
     for job, row in by_job.items():
         ok, started = row.get("last_success_at"), row.get("last_started_at")
         last_ok.add_metric([job], ok.timestamp() if ok is not None else 0.0)
@@ -431,23 +434,26 @@ def _queue_families(st: dict):
     )
 
 
-def build_registry(settings, *, redis: redis_lib.Redis | None = None, engine=None) -> CollectorRegistry:
-    """A fresh registry holding one :class:`MagpieCollector` (no process or platform collectors)."""
+def build_registry(settings, *, jobs: Iterable[Job] = (), redis: redis_lib.Redis | None = None,
+                   engine=None) -> CollectorRegistry:
+    """A fresh registry holding one :class:`MagpieCollector` (no process or platform collectors) that
+    reports the maintenance jobs ``jobs`` (:data:`magpie.wiring.jobs.JOBS`; none when left out)."""
     from magpie.enrich.caches import CacheCollector
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MagpieCollector(settings, redis=redis, engine=engine))
+    registry.register(MagpieCollector(settings, jobs=jobs, redis=redis, engine=engine))
     registry.register(CacheCollector())
     return registry
 
 
-def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: CollectorRegistry | None = None,
-          readiness=None):
+def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, jobs: Iterable[Job] = (),
+          registry: CollectorRegistry | None = None, readiness=None):
     """Serve ``/metrics`` (Prometheus text format), ``/livez`` and ``/readyz`` from a background thread.
 
     Args:
         host: bind address; port: TCP port (``0`` picks a free one: read it from ``server.server_port``).
-        registry: default :func:`build_registry` ``(settings)``.
+        jobs: the maintenance jobs the default registry reports (:data:`magpie.wiring.jobs.JOBS`).
+        registry: default :func:`build_registry` ``(settings, jobs=jobs)``.
         readiness: callable returning the ``/readyz`` answer (default
             :class:`magpie.observability.probes.Readiness` ``(settings)``: Redis, PostgreSQL and broker).
     Returns:
@@ -457,7 +463,7 @@ def serve(settings, host: str = "127.0.0.1", port: int = 9464, *, registry: Coll
     """
     from magpie.observability.probes import Readiness, make_app, start_server
 
-    registry = registry or build_registry(settings)
+    registry = registry or build_registry(settings, jobs=jobs)
     return start_server(make_app(registry, readiness or Readiness(settings)), host, port)
 
 

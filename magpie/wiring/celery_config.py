@@ -10,7 +10,10 @@ from datetime import timedelta
 
 from kombu import Exchange, Queue
 
+from magpie.alerts import beat as alerts_beat
 from magpie.coordination import ticks
+from magpie.sources import beat as sources_beat
+from magpie.wiring import jobs
 
 QUEUES = ("promote", "checks", "stats", "alerts", "delivery", "email", "maintenance")
 """Every queue magpie's tasks are routed to (the Procfile's ``promote``, ``checks`` and ``jobs`` workers)."""
@@ -75,24 +78,11 @@ def broker_options(settings) -> dict:
     }
 
 
-BEAT_PROVIDERS = ("magpie.maintenance.beat", "magpie.alerts.beat", "magpie.sources.beat")
-
-
 def _extra_beat(settings) -> dict:
-    """Beat entries contributed by background-job packages: each provider module exposes
-    ``beat_entries(settings) -> dict`` in Celery's ``beat_schedule`` format."""
-    import importlib
-
-    out: dict = {}
-    for name in BEAT_PROVIDERS:
-        try:
-            mod = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name and name.startswith(exc.name):
-                continue  # provider package not present
-            raise
-        out.update(mod.beat_entries(settings))
-    return out
+    """Beat entries of the background jobs, in Celery's ``beat_schedule`` format: the maintenance jobs of
+    :data:`magpie.wiring.jobs.JOBS`, the alert and email jobs, and the due-source fetch."""
+    return {**jobs.beat_entries(settings), **alerts_beat.beat_entries(settings),
+            **sources_beat.beat_entries(settings)}
 
 
 def build(settings=None) -> dict:

@@ -60,7 +60,7 @@ def ingest_stats() -> int:
 def maintenance_run(job: str) -> dict:
     """Beat-triggered: one pass of maintenance job ``job`` under its leader lock, once per cadence slot
     however many beats trigger it (see magpie.maintenance.runner)."""
-    from magpie.maintenance.runner import run_job
+    from magpie.wiring.jobs import run_job
 
     return run_job(job, runtime.settings(), engine=runtime.engine(), redis=runtime.redis_client(),
                    once_per_slot=True)

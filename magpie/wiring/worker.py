@@ -184,12 +184,13 @@ def _on_shutdown(**_kw) -> None:
 def _serve_metrics(**_kw) -> None:
     from magpie.config import get_settings
     from magpie.observability.metrics import serve
+    from magpie.wiring.jobs import JOBS
 
     s = get_settings()
     if not s.metrics_port:
         return
     try:
-        serve(s, s.metrics_host, s.metrics_port)
+        serve(s, s.metrics_host, s.metrics_port, jobs=JOBS.values())
         log.info("metrics on http://%s:%d/metrics", s.metrics_host, s.metrics_port)
     except OSError as exc:
         log.warning("metrics endpoint not started on %s:%s: %s", s.metrics_host, s.metrics_port, exc)

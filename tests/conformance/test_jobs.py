@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from magpie.config import load_settings
 from magpie.judges.ownership import drops_key
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload
 from magpie.base.routes import Route
 

@@ -19,7 +19,7 @@ from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.importer.service import import_file, schedule_item
 from magpie.coordination.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
 from magpie.queue import RouteQueue
 from magpie.base.routes import Route

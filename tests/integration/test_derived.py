@@ -13,7 +13,7 @@ from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.derived.reputation import History, Params, score
 from magpie.coordination.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
 from magpie.base.routes import Route
 

@@ -26,7 +26,7 @@ from magpie.enrich.caches import CacheCollector, TTLCache
 from magpie.enrich.geo import GeoDatabases, channel, listen, network_type
 from magpie.importer.service import import_file
 from magpie.coordination.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
 from magpie.queue import RouteQueue
 from magpie.base.routes import Route

@@ -20,7 +20,7 @@ from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.enrich.geo import GeoDatabases
 from magpie.admin.export import ExportFilter, stream_export
-from magpie.maintenance import run_job
+from magpie.wiring.jobs import run_job
 from magpie.base.routes import Route
 from magpie.stats.consumer import ingest
 from magpie.stats.entry import entry_fields

@@ -186,7 +186,7 @@ def test_instance_sweep_job_runs_under_its_lock_and_reports_live_roles(settings,
     import sqlalchemy as sa
 
     from magpie.coordination.leader import LeaderLock
-    from magpie.maintenance import run_job
+    from magpie.wiring.jobs import run_job
 
     db = sa.create_engine(pg_url)
     try:
@@ -230,7 +230,7 @@ def test_readiness_reports_instances_and_the_beat_schedule_bootstrap(redis_clien
 
 def test_maintenance_status_lists_every_family_with_cadence_and_last_success(settings, pg_url, db, cli_env,
                                                                              redis_client, redis_prefix):
-    from magpie.maintenance import run_job
+    from magpie.wiring.jobs import run_job
     from magpie.wiring.jobs import JOBS
 
     assert run_job("workspace_snapshots", settings, engine=db)["status"] == "ok"

@@ -25,7 +25,7 @@ from magpie.judges.cache import ConfigCache, read_cache_records
 from magpie.judges.checking import ProfiledEngine
 from magpie.judges.ownership import OwnerChanges, drops_key
 from magpie.lab.forward import ForwardProxy
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload, RouteQueue
 from magpie.queue.completion import StreamTarget
 from magpie.base.routes import Route

@@ -17,7 +17,8 @@ from magpie.pipeline.promote import give_back_promote_budget, promote_with_setti
 from magpie.coordination.fencing import StaleLeader, fence, newest_generation
 from magpie.coordination.leader import LeaderLock
 from magpie.maintenance.base import Job
-from magpie.maintenance.runner import read_job_status, run_job
+from magpie.maintenance.runner import read_job_status
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload, QueueKeys, RouteQueue
 from magpie.base.routes import Route
 

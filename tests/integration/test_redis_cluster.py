@@ -22,6 +22,7 @@ from magpie.coordination.ratelimit import TokenBucket, bucket_key, take_many
 from magpie.base.routes import Route
 from magpie.stats import GROUP, encode_result, ingest, pending_summary
 from magpie.queue.streams import dead_key, infra_key, stream_key
+from magpie.wiring.jobs import JOBS
 from helpers import wait_until
 
 pytestmark = pytest.mark.slow  # a private 3+3 cluster per session: the cluster tier runs in make test-all
@@ -221,7 +222,7 @@ def test_a_metrics_scrape_reads_the_cluster(redis_cluster, cluster_client, clust
     s = cluster_settings(redis_cluster, cluster_prefix, database_url=pg_url)
     q = RouteQueue.from_settings(s, cluster_client)
     q.schedule([(f"{i:024x}", '{"v":1}') for i in range(3)])
-    text = generate_latest(build_registry(s, redis=cluster_client, engine=db)).decode()
+    text = generate_latest(build_registry(s, jobs=JOBS.values(), redis=cluster_client, engine=db)).decode()
     assert 'magpie_exporter_source_up{source="redis"} 1.0' in text  # every Redis read of the scrape worked
     assert 'magpie_leader_job_active{lock="respread"}' in text
 
