@@ -124,8 +124,7 @@ def _reschedule(ctx: JobContext, queue, conn, ids: list[int]) -> int:
         return 0
     from magpie.base.crypto import get_keyring
     from magpie.db.repo import RouteRecord
-    from magpie.importer.service import schedule_item
-    from magpie.queue.payload import write_cipher
+    from magpie.queue.payload import schedule_item, write_cipher
     from magpie.base.routes import Route
 
     keyring = get_keyring(ctx.settings.encryption_key)

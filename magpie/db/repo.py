@@ -6,7 +6,7 @@ one per row. Every write is idempotent (``ON CONFLICT DO
 NOTHING``), so a repeated or concurrent import of the same routes never duplicates or damages rows.
 
 Routes come back as :class:`RouteRecord` (id, hash, route, workspaces); turning one into a Redis schedule
-entry is the caller's business (:func:`magpie.importer.service.schedule_item`), so this storage layer
+entry is the caller's business (:func:`magpie.queue.payload.schedule_item`), so this storage layer
 knows nothing of the schedule.
 """
 

@@ -14,6 +14,7 @@ from magpie.config import Settings
 from magpie.base.crypto import get_keyring
 from magpie.errors import MagpieError
 from magpie.importer.parse import Refuse, parse_file
+from magpie.queue.payload import schedule_item
 
 CHUNK = 5000
 
@@ -88,23 +89,6 @@ def egress_refusal(settings: Settings) -> Refuse:
         return seen.get(host)
 
     return refuse
-
-
-def schedule_item(record, cipher=None) -> tuple[str, str]:
-    """The schedule entry of a stored route, as :meth:`magpie.queue.RouteQueue.schedule` takes it.
-
-    Args:
-        record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
-        cipher: a :class:`magpie.base.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
-            pass :func:`magpie.queue.payload.write_cipher` of the settings
-            (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``).
-    Returns:
-        ``(route_hash, payload JSON text)`` (see :mod:`magpie.queue.payload`).
-    """
-    from magpie.queue.payload import Payload
-
-    payload = Payload(record.route_id, record.route, record.route_hash, list(record.workspace_ids))
-    return record.route_hash.strip(), payload.encode(cipher)
 
 
 class SchemaMissing(MagpieError, RuntimeError):

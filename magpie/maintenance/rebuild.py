@@ -64,8 +64,7 @@ def rebuild_schedule(
     """
     from magpie.base.crypto import get_keyring
     from magpie.db.repo import all_route_records
-    from magpie.importer.service import schedule_item
-    from magpie.queue.payload import write_cipher
+    from magpie.queue.payload import schedule_item, write_cipher
     from magpie.queue.provider import create_provider
 
     if engine is None:

@@ -171,6 +171,22 @@ def transcode(raw: str | bytes, cipher: QueueCipher, *, encrypt: bool) -> str | 
     return p.encode(None) if p.version == ENCRYPTED_VERSION else None
 
 
+def schedule_item(record, cipher=None) -> tuple[str, str]:
+    """The schedule entry of a stored route, as :meth:`magpie.queue.RouteQueue.schedule` takes it (an
+    import, a rebuild of the schedule and a blacklist's release all feed the schedule this way).
+
+    Args:
+        record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
+        cipher: a :class:`magpie.base.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
+            pass :func:`write_cipher` of the settings
+            (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``).
+    Returns:
+        ``(route_hash, payload JSON text)`` (see :mod:`magpie.queue.payload`).
+    """
+    payload = Payload(record.route_id, record.route, record.route_hash, list(record.workspace_ids))
+    return record.route_hash.strip(), payload.encode(cipher)
+
+
 def payload_revision(raw: str | bytes | None) -> str | None:
     """A short digest of a stored payload text (16 hex characters of its SHA-1), or None without one.
 

@@ -150,7 +150,7 @@ def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq,
     from magpie.blacklists.sources import add_source, set_policy
     from magpie.base.crypto import get_keyring
     from magpie.db.repo import upsert_routes
-    from magpie.importer.service import schedule_item
+    from magpie.queue.payload import schedule_item
 
     s = job_settings.model_copy(update={"enrich_allow_private": "127.0.0.0/8"})
     rows = upsert_routes(db, get_keyring(s.encryption_key), "gamma",

@@ -17,7 +17,8 @@ from magpie.cli import main
 from magpie.config import get_settings
 from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import import_file, schedule_item
+from magpie.importer.service import import_file
+from magpie.queue.payload import schedule_item
 from magpie.coordination.leader import LeaderLock
 from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status

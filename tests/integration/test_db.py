@@ -12,7 +12,7 @@ from magpie.base.crypto import get_keyring
 from magpie.db import migrate
 from magpie.db.repo import all_route_records, latest_health, upsert_routes
 from magpie.db.session import get_engine, session_scope
-from magpie.importer.service import schedule_item
+from magpie.queue.payload import schedule_item
 from magpie.queue.payload import Payload
 from magpie.base.routes import Route
 

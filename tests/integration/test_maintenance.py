@@ -14,7 +14,7 @@ from helpers import wait_until
 
 from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
+from magpie.queue.payload import schedule_item
 from magpie.coordination.leader import LeaderLock
 from magpie.wiring.jobs import run_job
 from magpie.maintenance.base import Job

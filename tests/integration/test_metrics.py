@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from magpie.config import get_settings
 from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
+from magpie.queue.payload import schedule_item
 from magpie.coordination.leader import LeaderLock
 from magpie.wiring.jobs import run_job
 from magpie.base.counters import (

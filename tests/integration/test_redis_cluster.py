@@ -11,7 +11,7 @@ from magpie.base import redisconn
 from magpie.config import load_settings
 from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
+from magpie.queue.payload import schedule_item
 from magpie.coordination.instances import InstanceRegistry
 from magpie.lab.cluster import key_slot
 from magpie.coordination.leader import LeaderLock, generation_key, lock_key, locks_held

@@ -70,7 +70,7 @@ def _pending(r, prefix) -> int:
 
 
 def test_the_bound_counts_unconsumed_entries_only(redis_client, redis_prefix, stored, db):
-    from magpie.importer.service import schedule_item
+    from magpie.queue.payload import schedule_item
     from magpie.queue import QueueKeys, RouteQueue
     from magpie.queue.completion import StreamTarget
 
