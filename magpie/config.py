@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from magpie.base import redact
-from magpie.errors import MagpieError
+from magpie.errors import ConfigError, MagpieError  # noqa: F401 (ConfigError: magpie.config.ConfigError)
 
 
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
@@ -64,10 +64,6 @@ def redis_db_problem(url: str) -> str | None:
         if not (text.isascii() and text.isdigit() and int(text) <= 10000):
             return "the database number must be a whole number (redis://host:6379/0)"
     return None
-
-class ConfigError(MagpieError, ValueError):
-    """A setting from the environment is missing or malformed; the message names the variable."""
-
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSettings:
@@ -722,7 +718,7 @@ class Settings(BaseSettings):
     @field_validator("rotator_allowed_ports")
     @classmethod
     def _rotator_allowed_ports(cls, v: str) -> str:
-        from magpie.rotator.policy import format_ports, parse_ports
+        from magpie.base.egress import format_ports, parse_ports
 
         return format_ports(parse_ports(v))
 

@@ -45,7 +45,8 @@ from magpie.coordination.instances import Heartbeat, InstanceRegistry
 from magpie.coordination.leader import LeaderLock
 from magpie.rotator.listener import Listener, ListenerSpec
 from magpie.rotator.models import Rotator
-from magpie.rotator.policy import DestinationPolicy, parse_ports
+from magpie.base.egress import parse_ports
+from magpie.rotator.policy import DestinationPolicy
 from magpie.rotator.pool import RoutePool, load_pool
 from magpie.rotator.service import channel, list_rotators, load_rows
 from magpie.coordination.throttle import FailureLog, FailureThrottle

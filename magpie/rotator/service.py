@@ -87,7 +87,7 @@ def check_filters(filters: dict) -> dict:
                 raise RotatorError(f"filter max_latency_ms: expected 0 < ms <= 600000, got {value!r}")
             out[key] = ms
         elif key == "allowed_ports":
-            from magpie.rotator.policy import format_ports, parse_ports
+            from magpie.base.egress import format_ports, parse_ports
 
             try:
                 out[key] = format_ports(parse_ports(value if isinstance(value, str) else ",".join(map(str, value))))
