@@ -37,6 +37,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from urllib.parse import quote
 
 from magpie.errors import MagpieError
+from magpie.base.protocols import PROTOCOLS
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("magpie.audit")
@@ -44,7 +45,6 @@ audit = logging.getLogger("magpie.audit")
 FORMATS = ("txt", "url", "csv", "json", "jsonl")
 """Export formats."""
 
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 
 COLUMNS = ("protocol", "host", "port", "alive", "latency_ms", "anonymity", "country", "exit_ip", "exit_country",

@@ -19,10 +19,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.errors import MagpieError, Refusal
+from magpie.base.protocols import PROTOCOLS
 
 _WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _RETRIES = 5  # fenced attempts per route when a concurrent import keeps changing its payload
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 
 
 class OperationError(MagpieError, ValueError):

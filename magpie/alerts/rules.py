@@ -31,9 +31,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.errors import Refusal, RefusedError
+from magpie.base.protocols import PROTOCOLS
 
 KINDS = ("usable_routes", "success_rate", "latency")
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 PERCENTILES = (50, 95)
 DEFAULT_MIN_SAMPLES = {"usable_routes": 1, "success_rate": 10, "latency": 10}
 _UNSET = object()

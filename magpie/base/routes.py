@@ -10,15 +10,12 @@ import ipaddress
 from dataclasses import dataclass
 from urllib.parse import quote
 
-PROTOCOLS = ("http", "https", "socks4", "socks5")
-
-
 @dataclass(frozen=True, slots=True)
 class Route:
     """One proxy route.
 
     Attributes:
-        protocol: one of :data:`PROTOCOLS`.
+        protocol: one of :data:`magpie.base.protocols.PROTOCOLS`.
         host: IPv4 address, IPv6 address without brackets, or a lower-case host name.
         port: 1..65535.
         username / password: proxy credentials or ``None``.

@@ -8,7 +8,8 @@ socket and one coroutine while it waits. One check is a GET of the judge through
 - ``socks4`` (the judge's address resolved once by the engine, not per check), ``socks5`` with
   username/password and remote DNS.
 
-The proxy handshakes (CONNECT, SOCKS4, SOCKS5) come from python-socks; the judge's HTTP response is parsed
+Which handshake a protocol takes is its entry of :data:`magpie.base.protocols.REGISTRY`. The proxy
+handshakes (CONNECT, SOCKS4, SOCKS5) come from python-socks; the judge's HTTP response is parsed
 by httptools (llhttp). No DNS lookup is made for an IP-literal proxy host.
 
 Deadlines: every attempt has a connect timeout (``connect_timeout``: name resolution and the TCP connect
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import httptools
-from python_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError, ProxyType
+from python_socks import ProxyConnectionError, ProxyError, ProxyTimeoutError
 from python_socks.async_.asyncio.v2 import Proxy
 from python_socks.async_.asyncio.v2._connect import connect_tcp
 
@@ -47,6 +48,7 @@ from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
 from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
 from magpie.base.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
+from magpie.base.protocols import REGISTRY
 from magpie.checker.rules import needle_of, validate_rule
 from magpie.base.routes import Route
 
@@ -126,9 +128,6 @@ class _Response:
 
 class _NoAnswer(Exception):
     """The connection closed before a complete response head arrived."""
-
-
-_SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 
 
 def _basic(route: Route) -> str:
@@ -287,7 +286,8 @@ class CheckEngine:
                 host = (await self._resolve(host, route.port))[0]
         if self.egress is not None:
             await self._judge_address()  # the judge is guarded too, even when the proxy resolves it
-        if route.protocol in ("http", "https"):
+        proto = REGISTRY[route.protocol]
+        if not proto.is_socks:
             if not self._tls:
                 reader, writer = await asyncio.open_connection(host, route.port)
                 connected()
@@ -295,19 +295,14 @@ class CheckEngine:
                     return reader, writer, self._absolute_request
                 req = f"{self._absolute_head}Proxy-Authorization: {_basic(route)}\r\n\r\n".encode()
                 return reader, writer, req
-            proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password,
+            proxy = Proxy(proto.handshake, host, route.port, route.username, route.password,
                           forward=_Dialer(connected))
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
-        kind = _SOCKS_TYPES[route.protocol]
-        if kind is ProxyType.SOCKS4:
-            dest = await self._judge_address()
-            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
-                          forward=_Dialer(connected))
-        else:
-            dest = self._judge_host
-            proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True,
-                          forward=_Dialer(connected))
+        dest = self._judge_host if proto.remote_dns else await self._judge_address()
+        proxy = Proxy(proto.handshake, host, route.port, route.username,
+                      route.password if proto.passwords else None, rdns=proto.remote_dns,
+                      forward=_Dialer(connected))
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
 
@@ -350,7 +345,7 @@ class CheckEngine:
         att = await self._timed_attempt(route, marks)
         if len(marks) >= 2:
             att.connect_ms = round((marks[1] - marks[0]) * 1000.0, 3)
-        if len(marks) >= 3 and (self._tls or route.protocol in _SOCKS_TYPES):
+        if len(marks) >= 3 and (self._tls or REGISTRY[route.protocol].is_socks):
             att.handshake_ms = round((marks[2] - marks[1]) * 1000.0, 3)
         return att
 
@@ -362,7 +357,7 @@ class CheckEngine:
         marks.append(started)
         t0 = loop.time()
         writer = None
-        socks = route.protocol in _SOCKS_TYPES
+        socks = REGISTRY[route.protocol].is_socks
         window = asyncio.timeout_at(t0 + self.connect_timeout)
 
         def connected() -> None:
@@ -421,7 +416,7 @@ class CheckEngine:
         the attempt in flight (``CancelledError`` propagates). The own address, when not known yet, is
         learned on the first successful attempt (one direct GET; retried at most every 30 s).
         """
-        if route.protocol not in ("http", "https", "socks4", "socks5"):
+        if route.protocol not in REGISTRY:
             return CheckResult(False, None, None, 0, "UnsupportedProtocol", None, None, self.judge_url, now_ms())
         last: _Attempt | None = None
         made = 0

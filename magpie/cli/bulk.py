@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from magpie.cli.routes import PROTOCOL_CHOICE
 from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json, rows_table
 
@@ -146,7 +147,7 @@ def bulk() -> None:
 
 @bulk.command("remove-routes")
 @click.option("--workspace", "-w", default=None, help="Only routes of this workspace (they leave it only).")
-@click.option("--protocol", type=click.Choice(["http", "https", "socks4", "socks5"]), default=None)
+@click.option("--protocol", type=PROTOCOL_CHOICE, default=None)
 @click.option("--dead-days", type=click.FloatRange(0, 36500), default=None,
               help="Only routes failing now and not alive for more than this many days.")
 @_DRY_RUN

@@ -15,6 +15,8 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from magpie.base.protocols import sql_check
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -54,7 +56,7 @@ class RouteRow(Base):
 
     __tablename__ = "routes"
     __table_args__ = (
-        sa.CheckConstraint("protocol IN ('http', 'https', 'socks4', 'socks5')", name="protocol"),
+        sa.CheckConstraint(sql_check("protocol"), name="protocol"),
         sa.CheckConstraint("port BETWEEN 1 AND 65535", name="port"),
     )
 

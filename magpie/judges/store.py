@@ -18,7 +18,7 @@ from sqlalchemy.engine import Engine
 
 from magpie.errors import MagpieError
 from magpie.checker.rules import DEFAULT_RULE, validate_rule
-from magpie.base.routes import PROTOCOLS
+from magpie.base.protocols import PROTOCOLS
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 from magpie.base.crypto import CredentialError, QueueCipher
 from magpie.errors import MagpieError
-from magpie.base.routes import PROTOCOLS, Route
+from magpie.base.protocols import PROTOCOLS
+from magpie.base.routes import Route
 
 PAYLOAD_VERSION = 1
 """Version of a payload with plaintext (or no) credentials."""

@@ -33,18 +33,16 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from magpie.base.egress import EgressRefused
+from magpie.base.protocols import REGISTRY
 from magpie.rotator.policy import DestinationPolicy, DestinationRefused, resolve_allowed, system_resolver
 from magpie.rotator.pool import RoutePool, Upstream
 from magpie.coordination.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
-_PROXY_TYPES = {"http": ProxyType.HTTP, "https": ProxyType.HTTP, "socks4": ProxyType.SOCKS4,
-                "socks5": ProxyType.SOCKS5}
 _HEADER_CAP = 16 * 1024
 _HANDSHAKE_S = 15.0
 _CHUNK = 64 * 1024
@@ -369,7 +367,7 @@ class Listener:
         ur, uw, upstream = got
         if not any(h.partition(":")[0].strip().lower() == "host" for h in kept):
             kept.insert(0, f"Host: {hostport}")
-        if upstream.protocol in ("http", "https"):
+        if not REGISTRY[upstream.protocol].is_socks:
             pinned = f"[{dest}]" if ":" in dest else dest
             line = f"{method} http://{pinned}:{port}{origin} {version}"
             auth = ([f"Proxy-Authorization: Basic {_basic(upstream.username, upstream.password)}"]
@@ -407,10 +405,10 @@ class Listener:
             try:
                 addr = await asyncio.wait_for(resolve_allowed(u.host, u.port, self.upstream_egress, self.resolver),
                                               self.connect_timeout)
-                if forward_http and u.protocol in ("http", "https"):
+                if forward_http and not REGISTRY[u.protocol].is_socks:
                     r, w = await asyncio.wait_for(asyncio.open_connection(addr, u.port), self.connect_timeout)
                 else:
-                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], addr, u.port, u.username, u.password,
+                    proxy = Proxy.create(REGISTRY[u.protocol].handshake, addr, u.port, u.username, u.password,
                                          rdns=True)
                     sock = await proxy.connect(host, port, timeout=self.connect_timeout)
                     r, w = await asyncio.wait_for(asyncio.open_connection(sock=sock), self.connect_timeout)

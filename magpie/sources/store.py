@@ -123,13 +123,14 @@ def add_source(engine: Engine, settings, url: str, workspace: str, every_s: int,
         SourceError: bad URL, workspace, format, protocol or period. :class:`magpie.base.egress.EgressRefused`.
     """
     from magpie.base.crypto import get_keyring
+    from magpie.base.protocols import PROTOCOLS
     from magpie.importer.formats import FORMATS
 
     url = check_url(url, settings)
     if fmt not in FORMATS:
         raise SourceError(f"format must be one of {', '.join(FORMATS)}")
-    if protocol not in ("http", "https", "socks4", "socks5"):
-        raise SourceError("protocol must be one of http, https, socks4, socks5")
+    if protocol not in PROTOCOLS:
+        raise SourceError(f"protocol must be one of {', '.join(PROTOCOLS)}")
     if not MIN_EVERY <= int(every_s) <= MAX_EVERY:
         raise SourceError("period must be within 1m .. 30d")
     workspace = (workspace or "").strip()

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from magpie.base.protocols import ProtocolName
 from magpie.web.api import REFUSALS, UNAVAILABLE, Dash, action_token
 
 router = APIRouter(prefix="/api/bulk", responses={**UNAVAILABLE, **REFUSALS,
@@ -38,7 +39,7 @@ class WorkspaceName(Strict):
 
 class RemoveRoutes(Strict):
     workspace: str | None = Field(None, max_length=64)
-    protocol: Literal["http", "https", "socks4", "socks5"] | None = None
+    protocol: ProtocolName | None = None
     dead_days: float | None = Field(None, ge=0, le=36500)
     dry_run: bool = False
 

@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.base.redact import mask_url_passwords
+from magpie.base.protocols import PROTOCOLS
 
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 ALIVE = ("yes", "no", "unknown")
 _HASH = re.compile(r"[0-9a-f]{24}")

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from magpie.apitokens.store import Principal
+from magpie.base.protocols import PROTOCOLS, ProtocolName
 from magpie.web import data
 from magpie.web.api import TEXT, UNAVAILABLE, Dash, HistoryRow, Missing, Refused, RouteDetail, RouteHealth
 from magpie.web.auth import AuthRefused
@@ -140,7 +141,7 @@ def api_routes(
     p: Reader,
     workspace: Annotated[str | None, Query(max_length=200, pattern=TEXT,
                                            description="Only this workspace (a scoped token's by default)")] = None,
-    protocol: Literal["http", "https", "socks4", "socks5"] | None = None,
+    protocol: ProtocolName | None = None,
     alive: Literal["yes", "no", "unknown"] | None = None,
     anonymity: Literal["transparent", "anonymous", "elite"] | None = None,
     min_latency_ms: Annotated[float | None, Query(ge=0, le=1e7, allow_inf_nan=False)] = None,
@@ -326,7 +327,7 @@ async def api_import(
     p: Annotated[Principal | None, Depends(need("operate"))],
     workspace: Annotated[str | None, Query(min_length=1, max_length=200, pattern=TEXT,
                                            description="Workspace to import into (a scoped token's by default)")] = None,
-    protocol: Literal["http", "https", "socks4", "socks5"] = "http",
+    protocol: ProtocolName = "http",
     format: Literal["auto", "ip:port:user:pass", "ip:port:country:anonymity"] = "auto",
     dry_run: bool = False,
 ):
@@ -421,8 +422,8 @@ def api_export(
                                            description="The workspace (a scoped token's by default)")] = None,
     format: Literal["txt", "url", "csv", "json", "jsonl"] = "txt",
     alive: bool | None = None,
-    protocol: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("https?|socks[45]"),
-                                          description="comma-separated: http, https, socks4, socks5")] = None,
+    protocol: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("|".join(PROTOCOLS)),
+                                          description="comma-separated: " + ", ".join(PROTOCOLS))] = None,
     anonymity: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("transparent|anonymous|elite"),
                                            description="comma-separated: transparent, anonymous, elite")] = None,
     country: Annotated[str | None, Query(max_length=200, pattern=_one_or_more("[A-Za-z]{2}"),
