@@ -88,7 +88,7 @@ class ExportFilter:
         workspace: the workspace's name.
         alive: True: the newest check was alive; False: the newest check failed (never-checked routes pass
             neither).
-        protocol: route protocol(s), comma-separated: http, https, socks4, socks5.
+        protocol: route protocol(s), comma-separated names of :data:`magpie.base.protocols.PROTOCOLS`.
         anonymity: level(s) of the newest check, comma-separated: transparent, anonymous, elite.
         country: two-letter code(s) of the entry address's country (GeoIP enrichment), comma-separated.
         max_latency_ms: newest latency at most this many milliseconds (> 0; routes without one fail).

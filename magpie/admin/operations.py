@@ -164,7 +164,7 @@ def remove_routes(engine: Engine, queue, *, workspace: str | None = None, protoc
     Args:
         workspace: only routes of this workspace, and only from it (other workspaces keep theirs); None:
             matching routes leave every workspace.
-        protocol: one of ``http``, ``https``, ``socks4``, ``socks5``.
+        protocol: one of :data:`magpie.base.protocols.PROTOCOLS`.
         dead_days: only routes whose latest check failed and that were last alive (or added, if never
             alive) more than this many days ago.
         dry_run: count the matches, change nothing.

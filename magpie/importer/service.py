@@ -128,7 +128,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     ``workspace``.
 
     Args:
-        protocol: scheme for lines without one (http, https, socks4, socks5).
+        protocol: scheme for lines without one (one of :data:`magpie.base.protocols.PROTOCOLS`).
         fmt: what ``host:port:a:b`` means (:data:`magpie.importer.formats.FORMATS`; ``auto`` refuses the
             line when a field looks like a country or anonymity code).
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
