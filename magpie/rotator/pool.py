@@ -26,8 +26,9 @@ FAIL_PENALTY_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """One eligible route: ``protocol`` (one of :data:`magpie.base.protocols.PROTOCOLS`), ``host``, ``port``, credentials (clear
-    text, in memory only; never logged: :meth:`label` is the safe name), ``latency_ms``, ``route_id``."""
+    """One eligible route: ``protocol`` (one of :data:`magpie.base.protocols.PROTOCOLS`), ``host``,
+    ``port``, credentials (clear text, in memory only; never logged: :meth:`label` is the safe name),
+    ``latency_ms``, ``route_id``."""
 
     route_id: int
     protocol: str
