@@ -30,7 +30,7 @@ from magpie.errors import ConfigError, MagpieError  # noqa: F401 (ConfigError: m
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 """Broker URL schemes magpie runs on (Celery/kombu transports: Redis and RabbitMQ; memory for tests)."""
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
-"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.wiring.celery_config`)."""
+"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.base.broker`)."""
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -202,7 +202,7 @@ def check_health(settings, *, timeout: float | None = None) -> dict:
         def broker_probe() -> str:
             from kombu import Connection
 
-            from magpie.wiring.celery_config import broker_options
+            from magpie.base.broker import broker_options
 
             opts = broker_options(settings)["broker_transport_options"]
             with Connection(settings.broker_url, connect_timeout=t, transport_options=opts) as conn:

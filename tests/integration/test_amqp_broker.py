@@ -16,7 +16,8 @@ from kombu import Queue
 
 from helpers import spawn_celery, stop_group, wait_until
 
-from magpie.wiring.celery_config import AMQP_DELIVERY_LIMIT, QUEUES, build
+from magpie.base.broker import AMQP_DELIVERY_LIMIT, QUEUES
+from magpie.wiring.celery_config import build
 from magpie.lab.rabbitmq import ctl
 
 ROOT = Path(__file__).resolve().parents[2]
