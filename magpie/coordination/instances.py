@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import metadata
 
 import redis as redis_lib
 
@@ -90,9 +91,8 @@ def _text(v) -> str:
 
 
 def _version() -> str:
-    from magpie import __version__
-
-    return __version__
+    """The installed magpie distribution's version (what ``pip show magpie`` reports)."""
+    return metadata.version("magpie")
 
 
 def new_id(role: str) -> str:

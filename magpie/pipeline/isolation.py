@@ -11,8 +11,8 @@ a stray kill of that process. Checked here, in a process that runs nothing else,
 - the pool's process dies (a whole-worker crash): the isolated process sees its input close and exits;
   the lease expires with no start mark, so nothing is counted against the route.
 
-The child is ``python -m magpie.wiring.runtime`` (the composition root builds its engine): it reads one JSON
-request line on stdin (``{"payload": <the lease's payload text>}``; credentials travel on the pipe, never in argv), builds the check engine from
+The child is the command the composition root gives (:data:`magpie.wiring.runtime.ISOLATED_CHILD`, which
+builds its engine): it reads one JSON request line on stdin (``{"payload": <the lease's payload text>}``; credentials travel on the pipe, never in argv), builds the check engine from
 the same settings as the workers (``MAGPIE_*`` from the inherited environment), checks the route once
 and writes the :class:`magpie.checker.result.CheckResult` as one JSON line on stdout. It exits at once
 when its stdin closes before the answer is written.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 
 from magpie.checker.result import CheckResult
 from magpie.errors import MagpieError
@@ -39,18 +38,13 @@ class IsolatedCrash(MagpieError):
         self.returncode = returncode
 
 
-CHILD = (sys.executable, "-m", "magpie.wiring.runtime")
-"""The isolated process's command line: the composition root builds its engine
-(:func:`magpie.wiring.runtime.isolated_check_main`)."""
-
-
-async def check_isolated(payload_text: str, timeout_s: float, argv: tuple[str, ...] = CHILD) -> CheckResult:
+async def check_isolated(payload_text: str, timeout_s: float, argv: tuple[str, ...]) -> CheckResult:
     """Check the route of ``payload_text`` (a lease's payload as stored) in a process of its own.
 
     Args:
         payload_text: the payload text of the lease (:attr:`magpie.queue.Lease.payload`).
         timeout_s: seconds the whole run may take (start-up included); the process is killed after it.
-        argv: the child's command line (tests give a stand-in).
+        argv: the child's command line (:data:`magpie.wiring.runtime.ISOLATED_CHILD`; tests give a stand-in).
     Returns the check's :class:`CheckResult`. Raises :class:`IsolatedCrash` when the process ended
     without an answer, ``TimeoutError`` after ``timeout_s`` (the process is killed, nothing is counted).
     Cancelling the awaiting task kills the process.

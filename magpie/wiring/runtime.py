@@ -5,13 +5,18 @@ Built lazily and rebuilt after a fork (prefork Celery workers must not share soc
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 import threading
 
 import redis
 
 from magpie.base import redisconn
 from magpie.config import Settings, get_settings
+
+ISOLATED_CHILD = (sys.executable, "-m", "magpie.wiring.runtime")
+"""The isolated check process's command line (:func:`isolated_check_main`)."""
 
 _lock = threading.RLock()  # factories nest (route_queue -> redis_client)
 _cache: dict = {}
@@ -100,7 +105,7 @@ def check_pool():
             registry=capacity_registry(), record=record, timings=timings,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
             payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix),
-            owner_changes=OwnerChanges(r, prefix), isolate=check_isolated)
+            owner_changes=OwnerChanges(r, prefix), isolate=functools.partial(check_isolated, argv=ISOLATED_CHILD))
         return pool.start()
 
     return _get("check_pool", build)
@@ -114,7 +119,7 @@ def close_check_pool() -> None:
 
 
 def isolated_check_main() -> int:
-    """The isolated check process (``python -m magpie.wiring.runtime``, :data:`magpie.pipeline.isolation.CHILD`): reads one
+    """The isolated check process (``python -m magpie.wiring.runtime``, :data:`ISOLATED_CHILD`): reads one
     line ``{"payload": text}`` on stdin, checks it with this deployment's profiled engine, writes the
     :class:`magpie.checker.result.CheckResult` as one JSON line and exits 0; exits 3 at once when stdin
     closes (the pool's process is gone)."""
