@@ -6,6 +6,7 @@ Importing it also hands Flower the package's ``flowerconfig.py`` when the workin
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 from celery import Celery
@@ -17,11 +18,9 @@ from magpie.observability.flower import use_packaged_config
 app = Celery("magpie", include=["magpie.wiring.tasks"])
 use_packaged_config()  # `celery -A magpie flower` without a flowerconfig.py: the package's defaults
 try:
-    try:
-        import celeryconfig  # noqa: F401
-
-        app.config_from_object("celeryconfig")
-    except ImportError:  # installed package run outside the repository
+    if importlib.util.find_spec("celeryconfig") is not None:  # a deployment's (or the checkout's) settings file
+        app.config_from_object("celeryconfig", force=True)
+    else:  # installed package run outside the repository
         app.conf.update(celery_config.build())
 except MagpieError as _exc:  # a bad setting (e.g. MAGPIE_BROKER_URL): one line, no traceback, exit 2
     print(f"Error: {_exc}", file=sys.stderr, flush=True)
