@@ -63,8 +63,8 @@ _TUNNEL = ("the proxy adds no HTTP headers to a tunnel: elite unless the checker
 REGISTRY: dict[str, Protocol] = {p.name: p for p in (
     Protocol("http", 8080, ProxyType.HTTP, remote_dns=True, passwords=True, proxy_scheme="http",
              grading=_HEADERS),
-    Protocol("https", 8080, ProxyType.HTTP, remote_dns=True, passwords=True, proxy_scheme="http", tls_judge=True,
-             grading="an HTTP proxy that accepts CONNECT (what proxy lists call https); " + _HEADERS),
+    Protocol("https", 8080, ProxyType.HTTP, remote_dns=True, passwords=True, proxy_scheme="http",
+             tls_judge=True, grading="an HTTP proxy that accepts CONNECT (what proxy lists call https); " + _HEADERS),
     Protocol("socks4", 1080, ProxyType.SOCKS4, remote_dns=False, passwords=False, proxy_scheme="socks4",
              aliases=("socks4a",), grading=_TUNNEL),
     Protocol("socks5", 1080, ProxyType.SOCKS5, remote_dns=True, passwords=True, proxy_scheme="socks5h",

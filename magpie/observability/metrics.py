@@ -95,7 +95,8 @@ class MagpieCollector:
     ``magpie_exporter_source_up{source="redis"|"postgres"} 0``; a scrape never fails as a whole.
     """
 
-    def __init__(self, settings, *, jobs: Iterable[Job] = (), redis: redis_lib.Redis | None = None, engine=None):
+    def __init__(self, settings, *, jobs: Iterable[Job] = (), redis: redis_lib.Redis | None = None,
+                 engine=None):
         self.settings = settings
         self.jobs = tuple(jobs)
         self._redis = redis

@@ -11,8 +11,9 @@ a stray kill of that process. Checked here, in a process that runs nothing else,
 - the pool's process dies (a whole-worker crash): the isolated process sees its input close and exits;
   the lease expires with no start mark, so nothing is counted against the route.
 
-The child is the command the composition root gives (:data:`magpie.wiring.runtime.ISOLATED_CHILD`, which
-builds its engine): it reads one JSON request line on stdin (``{"payload": <the lease's payload text>}``; credentials travel on the pipe, never in argv), builds the check engine from
+The child is the command the composition root gives (:data:`magpie.wiring.runtime.ISOLATED_CHILD`): it
+reads one JSON request line on stdin (``{"payload": <the lease's payload text>}``; credentials travel on
+the pipe, never in argv), builds the check engine from
 the same settings as the workers (``MAGPIE_*`` from the inherited environment), checks the route once
 and writes the :class:`magpie.checker.result.CheckResult` as one JSON line on stdout. It exits at once
 when its stdin closes before the answer is written.

@@ -18,7 +18,7 @@ from magpie.observability.flower import use_packaged_config
 app = Celery("magpie", include=["magpie.wiring.tasks"])
 use_packaged_config()  # `celery -A magpie flower` without a flowerconfig.py: the package's defaults
 try:
-    if importlib.util.find_spec("celeryconfig") is not None:  # a deployment's (or the checkout's) settings file
+    if importlib.util.find_spec("celeryconfig") is not None:  # a deployment's or the checkout's settings
         app.config_from_object("celeryconfig", force=True)
     else:  # installed package run outside the repository
         app.conf.update(celery_config.build())

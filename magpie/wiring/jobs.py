@@ -12,7 +12,8 @@ from magpie.derived import dashboard
 from magpie.derived import jobs as derived_jobs
 from magpie.enrich import job as enrich_job
 from magpie.judges import jobs as judges_jobs
-from magpie.maintenance import beat, bodies, history, interval, orphans, outbox, partitions, rebuild, rollup, runner, tokens
+from magpie.maintenance import (beat, bodies, history, interval, orphans, outbox, partitions, rebuild, rollup, runner,
+                                tokens)
 from magpie.maintenance.base import Job
 from magpie.stats import ledger
 

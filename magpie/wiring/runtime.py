@@ -105,7 +105,8 @@ def check_pool():
             registry=capacity_registry(), record=record, timings=timings,
             complete_interval=checks.complete_interval, heartbeat=checks.heartbeat,
             payload_cipher=read_cipher(s), quarantine=QuarantineSlot(r, prefix),
-            owner_changes=OwnerChanges(r, prefix), isolate=functools.partial(check_isolated, argv=ISOLATED_CHILD))
+            owner_changes=OwnerChanges(r, prefix),
+            isolate=functools.partial(check_isolated, argv=ISOLATED_CHILD))
         return pool.start()
 
     return _get("check_pool", build)
