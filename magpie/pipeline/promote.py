@@ -96,14 +96,13 @@ def _defer(queue: RouteQueue, lease, delay_ms: int) -> None:
         log.debug("deferral of %s failed (%s); its lease expires instead", lease.member, type(exc).__name__)
 
 
-def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[dict]], None], *,
+def promote_with_settings(queue: RouteQueue, sched, dispatch: Callable[[list[dict]], None], *,
                           capacity: int | None, workspace_budget=None) -> int:
     """:func:`promote` with the deployment's limits: one beat-triggered promote pass.
 
     Args:
         queue: the deployment's route queue.
-        settings: the schedule's :class:`magpie.config.ScheduleSettings` (promote's limits), or a whole
-            :class:`magpie.config.Settings` whose ``schedule`` slice is used.
+        sched: the schedule's :class:`magpie.config.ScheduleSettings` (promote's limits).
         dispatch: sends one check message (a list of :meth:`Lease.to_dict` dicts).
         capacity: check slots the running engines announce
             (:meth:`magpie.queue.capacity.CapacityRegistry.total`); see :func:`promote`.
@@ -120,7 +119,6 @@ def promote_with_settings(queue: RouteQueue, settings, dispatch: Callable[[list[
     """
     from magpie.coordination.instances import fair_share, promote_shares
 
-    sched = getattr(settings, "schedule", settings)
     shares = promote_shares(queue, sched.promote_budget)  # live beats and check engines (magpie.coordination.instances)
     granted, second = take_promote_budget(queue, sched.promote_budget, want=shares.want)
     if granted <= 0:

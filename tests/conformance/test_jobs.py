@@ -182,7 +182,7 @@ def test_promote_shares_its_budget_and_the_engines_on_every_provider(jq, job_set
     registry.announce("engine-b", 10, 10_000)
     messages: list = []
     s = job_settings.model_copy(update={"promote_budget": 30})
-    claimed = promote_with_settings(jq, s, messages.append, capacity=registry.total())
+    claimed = promote_with_settings(jq, s.schedule, messages.append, capacity=registry.total())
     assert claimed == 20  # capped by the engines' slots, not the budget
     # messages of the smaller of the grant (30) and the slots (20), divided by the live engines: one
     # engine never gets more than its share of what the pass could claim
