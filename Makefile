@@ -24,7 +24,7 @@ tools:
 	@bash scripts/test_tools.sh
 
 demo: setup services
-	$(PY) -m magpie.demo
+	$(PY) -m magpie.lab.demo
 
 test: setup services tools
 	$(PY) -m pytest -m "not slow"

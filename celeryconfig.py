@@ -4,6 +4,6 @@ Queues: promote, checks, stats, alerts, delivery, email, maintenance. Beat trigg
 every ``MAGPIE_PROMOTE_INTERVAL`` seconds and ``magpie.ingest_stats`` every ``MAGPIE_STATS_INTERVAL``.
 """
 
-from magpie.celery_config import build as _build
+from magpie.wiring.celery_config import build as _build
 
 globals().update(_build())

@@ -4,7 +4,7 @@
   script (next to the package, as the layout in docs/design.md shows); the wheel carries it as the
   package ``magpie.lua``, read with ``importlib.resources``.
 - Copy the deployment files (Procfile, Celery and Flower settings, ``alembic.ini``, the Prometheus rules
-  and the Grafana dashboard; the list is :data:`magpie.deployment.FILES`) into the wheel under
+  and the Grafana dashboard; the list is :data:`magpie.base.deployment.FILES`) into the wheel under
   ``magpie/deployment_files/``, where ``magpie init`` and the Celery app find them.
 """
 
@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _deployment():
-    spec = importlib.util.spec_from_file_location("_magpie_deployment", HERE / "magpie" / "deployment.py")
+    spec = importlib.util.spec_from_file_location("_magpie_deployment", HERE / "magpie" / "base" / "deployment.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -3,8 +3,8 @@ RabbitMQ (quorum queues) in the same run.
 
 Each message is what promote sends: one ``magpie.check_routes`` task whose argument is a sealed list of
 ``--leases`` lease dicts (default 250, ``routes_per_task``), published with the same options as
-:func:`magpie.tasks._dispatch_checks`, under magpie's own Celery configuration for that broker
-(:func:`magpie.celery_config.build`: quorum queues, publisher confirms, heartbeats on RabbitMQ; plain
+:func:`magpie.wiring.tasks._dispatch_checks`, under magpie's own Celery configuration for that broker
+(:func:`magpie.wiring.celery_config.build`: quorum queues, publisher confirms, heartbeats on RabbitMQ; plain
 lists under a key prefix on Redis). A real ``celery worker -Q checks --concurrency=2`` (this file is its
 app) consumes them; its task only counts the message in Redis, so the figures are the broker's and
 Celery's, not the checks'. Per broker and round: dispatch rate (publishes/s, confirms included) and
@@ -49,7 +49,7 @@ def _settings(broker_url: str, key_prefix: str):
 
 def make_app(broker_url: str, key_prefix: str, confirm: bool = True) -> Celery:
     """A Celery app with magpie's configuration for ``broker_url`` and a counting ``magpie.check_routes``."""
-    from magpie.celery_config import build
+    from magpie.wiring.celery_config import build
 
     app = Celery("broker-bench", set_as_current=False)
     conf = build(_settings(broker_url, key_prefix))

@@ -24,7 +24,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 MIX = (("tarpit", 0.70, 20.0, False), ("refused", 0.10, 0.0, False), ("live", 0.15, 0.5, True),
        ("slow", 0.05, 5.0, True))

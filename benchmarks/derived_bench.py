@@ -23,7 +23,7 @@ import sqlalchemy as sa
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.config import load_settings
 from magpie.db.migrate import ensure_database, upgrade
-from magpie.maintenance import run_job
+from magpie.wiring.jobs import run_job
 
 ADMIN = os.environ.get("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x").rsplit("/", 1)[0] + "/postgres"
 REDIS = os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/15")

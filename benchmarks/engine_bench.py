@@ -49,8 +49,13 @@ def measure(args) -> None:
 
     from magpie.checker.check import new_event_loop
     from magpie.checker.engine import CheckEngine
-    from magpie.egress import EgressPolicy
-    from magpie.routes import Route
+
+    try:  # the package layout of the tree measured (a baseline may predate magpie.base)
+        from magpie.base.egress import EgressPolicy
+        from magpie.base.routes import Route
+    except ImportError:
+        from magpie.egress import EgressPolicy
+        from magpie.routes import Route
 
     addrs = json.loads(args.lab)
     kind, _, proto = args.kind.partition("-")

@@ -38,7 +38,7 @@ KEY = "bench-key-0123456789abcdef"
 
 
 def populate(engine, routes: int) -> None:
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
 
     token_user, token_pw = (get_keyring(KEY).encrypt(v) for v in ("bench-user", "bench-p@ss"))
     with engine.begin() as c:
@@ -80,7 +80,7 @@ def child(url: str, fmt: str, creds: bool) -> dict:
     """One measured run in this process: returns rows, seconds, RSS before and peak RSS (KiB)."""
     from magpie.config import load_settings
     from magpie.db.session import get_engine
-    from magpie.export import ExportFilter, export_sql, stream_export
+    from magpie.admin.export import ExportFilter, export_sql, stream_export
 
     settings = load_settings(database_url=url, encryption_key=KEY)
     engine = get_engine(url)

@@ -1,7 +1,7 @@
 """Hand-off benchmark: how fast leases get from a check message into the engine's free slots.
 
 A check process receives messages of many leases (``routes_per_task``, default 250) on its Celery thread and
-hands them to the check pool (:meth:`magpie.checkpool.CheckPool.submit`); the pool's event loop starts them
+hands them to the check pool (:meth:`magpie.pipeline.checkpool.CheckPool.submit`); the pool's event loop starts them
 as slots free. This script measures that hand-off alone, against real Redis, with a stand-in engine whose
 check holds its slot for ``--hold`` seconds (a dead proxy costs a whole timeout; no network is used) after
 burning ``--cpu-us`` of CPU on the event loop (a real check's connect, parse and grading), so the figures
@@ -44,7 +44,7 @@ sys.path.insert(0, ROOT)
 from magpie.checker import CheckResult  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
 from magpie.queue.completion import StreamTarget  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 
 class HoldEngine:
@@ -79,8 +79,8 @@ class HoldEngine:
 
 
 def load_baseline(ref: str):
-    """The ``magpie.checkpool`` module of git ``ref``, imported under a name of its own."""
-    text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:magpie/checkpool.py"], check=True,
+    """The ``magpie.pipeline.checkpool`` module of git ``ref``, imported under a name of its own."""
+    text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:magpie/pipeline/checkpool.py"], check=True,
                           capture_output=True, text=True).stdout
     path = os.path.join(tempfile.mkdtemp(prefix="handoff-"), "checkpool_baseline.py")
     with open(path, "w") as f:
@@ -208,7 +208,7 @@ def main() -> None:
     ap.add_argument("--baseline-ref", default="7adb9e4")
     args = ap.parse_args()
     client = redis.Redis.from_url(os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    from magpie.checkpool import CheckPool
+    from magpie.pipeline.checkpool import CheckPool
 
     ideal = args.capacity / args.hold
     print(f"# ideal started/s = capacity / hold = {ideal:.0f}", flush=True)

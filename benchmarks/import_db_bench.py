@@ -19,10 +19,10 @@ import uuid
 import sqlalchemy as sa
 
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.migrate import ensure_database, upgrade
 from magpie.db.repo import upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 # the server of MAGPIE_DATABASE_URL; the benchmark creates and drops its own database there
 ADMIN = os.environ.get("MAGPIE_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/x").rsplit("/", 1)[0] + "/postgres"

@@ -620,9 +620,16 @@ def extract_ref(ref: str, prefix: str) -> tuple[Path, str]:
 
 def tree_imports(root: Path) -> str | None:
     """None when the tree's magpie imports cleanly (tasks, check pool, importer, CLI), else the error."""
-    code = ("import magpie.tasks, magpie.cli, magpie.importer.service\n"
-            "try:\n    import magpie.checkpool\nexcept ModuleNotFoundError:\n    pass\n"
-            "import magpie.queue.scripts as s, sys\n"
+    code = ("import importlib\n"
+            "def first(*names):\n"  # the tree's layout: older flat modules or packages (pipeline/, wiring/)
+            "    for n in names:\n"
+            "        try:\n            return importlib.import_module(n)\n"
+            "        except ModuleNotFoundError as e:\n"
+            "            if not n.startswith(e.name or '?'):\n                raise\n"
+            "    return None\n"
+            "assert first('magpie.tasks', 'magpie.wiring.tasks')\n"
+            "first('magpie.checkpool', 'magpie.pipeline.checkpool')\n"
+            "import magpie.cli, magpie.importer.service, magpie.queue.scripts as s, sys\n"
             "d = str(s.LUA_DIR)\n"
             "sys.exit(0 if d.startswith(sys.argv[1]) else 'scripts from ' + d)")
     p = subprocess.run([PY, "-c", code, str(root)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
@@ -799,7 +806,7 @@ class Run:
                             cwd=self.tree.root, env=env, log=celery_log)
         say(f"  started {', '.join(names)} via honcho (log {self.dir / 'celery.log'})")
 
-        from magpie.metrics import read_counters
+        from magpie.observability.metrics import read_counters
         from magpie.queue.keys import QueueKeys
 
         keys = QueueKeys(self.prefix, 16)
@@ -833,7 +840,7 @@ class Run:
         with self.pg_engine.connect() as conn:
             max_id0 = conn.execute(sa.text("SELECT coalesce(max(id), 0) FROM check_history")).scalar_one()
             pg_bytes0 = pg_table_bytes(conn)
-        from magpie.instances import InstanceRegistry
+        from magpie.coordination.instances import InstanceRegistry
 
         reg = InstanceRegistry(self.r, self.prefix)
         t0 = time.monotonic()

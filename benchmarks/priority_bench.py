@@ -23,7 +23,7 @@ import redis
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 
 def pct(xs: list[float], p: float) -> float:

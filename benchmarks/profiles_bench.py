@@ -41,12 +41,12 @@ os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dia
 from magpie.checker.check import new_event_loop  # noqa: E402
 from magpie.checker.engine import CheckEngine  # noqa: E402
 from magpie.config import load_settings  # noqa: E402
-from magpie.egress import EgressPolicy  # noqa: E402
+from magpie.base.egress import EgressPolicy  # noqa: E402
 from magpie.judges.cache import ConfigCache  # noqa: E402
 from magpie.judges.checking import ProfiledEngine  # noqa: E402
 from magpie.judges.store import JudgeInfo, Profile, Snapshot  # noqa: E402
 from magpie.queue import Payload  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 PG_ADMIN = "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
 

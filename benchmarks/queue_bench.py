@@ -53,10 +53,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
-from magpie import redisconn  # noqa: E402
-from magpie.crypto import get_keyring  # noqa: E402
+from magpie.base import redisconn  # noqa: E402
+from magpie.base.crypto import get_keyring  # noqa: E402
 from magpie.queue import Payload, QueueKeys, RouteQueue  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 from workload import SHARDS, URL, payload_for  # noqa: E402
 

@@ -26,7 +26,7 @@ import redis
 import requests
 import sqlalchemy as sa
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.migrate import ensure_database, upgrade
 from magpie.lab.lab import start_free_lab
 from magpie.rotator.service import add_rotator

@@ -7,9 +7,9 @@
 docs/operations.md asks for production unless ``--no-aof``; stopped by PID at the end). ``--routes`` routes
 of 150-byte payloads are imported, then ``--cycles`` route cycles run as the check path runs them:
 
-- claim: ``pop.lua``, ``MAGPIE_POP_BATCH`` (64) routes per call (promote, :mod:`magpie.cycle`);
+- claim: ``pop.lua``, ``MAGPIE_POP_BATCH`` (64) routes per call (promote, :mod:`magpie.pipeline.promote`);
 - start mark: ``RouteQueue.mark_started`` for the claimed batch (the check pool marks what one loop pass
-  started, :mod:`magpie.checkpool`);
+  started, :mod:`magpie.pipeline.checkpool`);
 - renewal: one ``renew.lua`` per lease, pipelined per batch (``renew_many``; every cycle is charged one
   renewal, an upper bound: a check shorter than ``lease - renew_below`` renews none);
 - completion: ``complete.lua`` with the results appended to the results stream (``complete_with_results``),
@@ -62,13 +62,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
-from magpie import counters  # noqa: E402
+from magpie.base import counters  # noqa: E402
 from magpie.checker.result import CheckResult  # noqa: E402
 from magpie.queue import QueueKeys, RouteQueue  # noqa: E402
 from magpie.queue.completion import StreamTarget  # noqa: E402
 from magpie.stats.consumer import ensure_group, ingest  # noqa: E402
 from magpie.stats.entry import entry_fields  # noqa: E402
-from magpie.stats.keys import GROUP, stream_key  # noqa: E402
+from magpie.queue.streams import GROUP, stream_key  # noqa: E402
 
 from workload import SHARDS, PrivateRedis, payload_for  # noqa: E402
 
@@ -176,7 +176,7 @@ class CheckPath:
         return len(entries)
 
     def timings(self, leases) -> None:
-        from magpie.checkpool import StartTiming
+        from magpie.pipeline.checkpool import StartTiming
 
         now = time.time() * 1000
         counters.record_start_timings(self.r, self.prefix, [StartTiming(now - 5, now - 4, now - 3, now - 2, now,

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 os.environ.setdefault("MAGPIE_EGRESS_ONLY", "127.0.0.0/8,::1")  # benchmarks dial loopback only
 from magpie.lab.net import stop_process  # noqa: E402
 from magpie.queue import Payload  # noqa: E402
-from magpie.routes import Route  # noqa: E402
+from magpie.base.routes import Route  # noqa: E402
 
 URL = os.environ.get("MAGPIE_REDIS_URL", "redis://127.0.0.1:6379/0")  # the product's setting
 SHARDS = 16

@@ -1,4 +1,4 @@
--- leader_acquire.lua: take a leader lock and hand out its fencing token (magpie/leader.py; does not use
+-- leader_acquire.lua: take a leader lock and hand out its fencing token (magpie/coordination/leader.py; does not use
 -- the schedule prelude lib.lua).
 -- KEYS[1] lock key, KEYS[2] the lock's generation counter. ARGV[1] holder token, ARGV[2] lease length in
 -- ms, ARGV[3] quiet period in ms after a Redis start.

@@ -1,5 +1,5 @@
 -- leader_extend.lua: renew a leader lock, compare-and-extend on the holder's token and on the server it
--- was taken on (magpie/leader.py; does not use the schedule prelude lib.lua).
+-- was taken on (magpie/coordination/leader.py; does not use the schedule prelude lib.lua).
 -- KEYS[1] lock key. ARGV[1] holder token, ARGV[2] lease length in ms, ARGV[3] the server's run_id when the
 -- lock was taken.
 -- Returns 1 when the lock was this holder's and now lives ARGV[2] ms more; 0 when it is lost or expired;

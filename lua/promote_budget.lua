@@ -1,5 +1,5 @@
 -- promote_budget.lua: promote's budget as a token bucket per second of the Redis clock, shared by every
--- promote pass (magpie/cycle.py; does not use the schedule prelude lib.lua).
+-- promote pass (magpie/pipeline/promote.py; does not use the schedule prelude lib.lua).
 -- KEYS[1] bucket key (a string '<second>:<routes taken in it>').
 -- 'take': ARGV[2] routes wanted, ARGV[3] budget per second. Grants what is left of this second's budget.
 --   Returns { granted, second }.

@@ -1,4 +1,4 @@
--- token_bucket.lua: a token bucket on the Redis clock, taken from in blocks (magpie/ratelimit.py; does
+-- token_bucket.lua: a token bucket on the Redis clock, taken from in blocks (magpie/coordination/ratelimit.py; does
 -- not use the schedule prelude lib.lua).
 -- KEYS[1] bucket hash {t = tokens, at = Redis time of t in ms}.
 -- ARGV[1] rate (tokens per second, > 0), ARGV[2] burst (most tokens held, >= 1), ARGV[3] tokens wanted.

@@ -10,14 +10,14 @@ __version__ = "0.1.0"
 
 if _os.environ.get("MAGPIE_EGRESS_ONLY", "").strip():
     # Deny-by-default egress: the socket guard is in place before anything can dial.
-    from magpie.egress import install_socket_guard as _install
+    from magpie.base.egress import install_socket_guard as _install
 
     _install()
 
 
 def __getattr__(name):
     if name in ("celery", "app"):
-        from magpie.celery_app import app
+        from magpie.wiring.celery_app import app
 
         return app
     raise AttributeError(name)

@@ -23,14 +23,14 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from magpie import redact
-from magpie.errors import MagpieError
+from magpie.base import redact
+from magpie.errors import ConfigError, MagpieError  # noqa: F401 (ConfigError: magpie.config.ConfigError)
 
 
 BROKER_SCHEMES = ("redis", "rediss", "redis+socket", "sentinel", "amqp", "amqps", "pyamqp", "memory")
 """Broker URL schemes magpie runs on (Celery/kombu transports: Redis and RabbitMQ; memory for tests)."""
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
-"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.celery_config`)."""
+"""The RabbitMQ schemes among :data:`BROKER_SCHEMES` (quorum queues, see :mod:`magpie.base.broker`)."""
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -64,10 +64,6 @@ def redis_db_problem(url: str) -> str | None:
         if not (text.isascii() and text.isdigit() and int(text) <= 10000):
             return "the database number must be a whole number (redis://host:6379/0)"
     return None
-
-class ConfigError(MagpieError, ValueError):
-    """A setting from the environment is missing or malformed; the message names the variable."""
-
 
 @dataclass(frozen=True, slots=True)
 class ScheduleSettings:
@@ -411,7 +407,7 @@ class Settings(BaseSettings):
     @field_validator("schedule_url")
     @classmethod
     def _schedule_scheme(cls, v: str | None) -> str | None:
-        from magpie.queue.urls import SCHEMES, scheme_of
+        from magpie.base.schedule_urls import SCHEMES, scheme_of
 
         if v is not None and not v.strip():
             return None
@@ -463,7 +459,7 @@ class Settings(BaseSettings):
     @field_validator("api_fetch_allow_private", mode="before")
     @classmethod
     def _api_fetch_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -579,7 +575,7 @@ class Settings(BaseSettings):
     @field_validator("source_allow_private", mode="before")
     @classmethod
     def _source_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -589,7 +585,7 @@ class Settings(BaseSettings):
     @field_validator("enrich_allow_private", mode="before")
     @classmethod
     def _enrich_allow(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):
             v = "true" if v else "false"
@@ -733,14 +729,14 @@ class Settings(BaseSettings):
     @field_validator("rotator_allowed_ports")
     @classmethod
     def _rotator_allowed_ports(cls, v: str) -> str:
-        from magpie.rotator.policy import format_ports, parse_ports
+        from magpie.base.egress import format_ports, parse_ports
 
         return format_ports(parse_ports(v))
 
     @field_validator("check_allow_private", "webhook_allow_private", "rotator_allow_private", mode="before")
     @classmethod
     def _allow_private(cls, v):
-        from magpie.egress import parse_allow
+        from magpie.base.egress import parse_allow
 
         if isinstance(v, bool):  # a bool (an override, an older config) stays as its word
             v = "true" if v else "false"
@@ -750,7 +746,7 @@ class Settings(BaseSettings):
     @field_validator("egress_only")
     @classmethod
     def _egress_only(cls, v: str) -> str:
-        from magpie.egress import parse_egress_only
+        from magpie.base.egress import parse_egress_only
 
         parse_egress_only(v)
         return v.strip()
@@ -767,7 +763,7 @@ class Settings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, v: str) -> str:
-        from magpie.redisconn import url_problem
+        from magpie.base.redisconn import url_problem
 
         problem = url_problem(v) or redis_db_problem(v)
         if problem:
@@ -831,7 +827,7 @@ class Settings(BaseSettings):
     def redis_cluster(self) -> bool:
         """True when ``MAGPIE_REDIS_URL`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``):
         the results streams then carry their partition's hash tag (:mod:`magpie.queue.partitions`)."""
-        from magpie.redisconn import is_cluster_url
+        from magpie.base.redisconn import is_cluster_url
 
         return is_cluster_url(self.redis_url)
 
@@ -842,7 +838,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _broker_beside_cluster(self) -> "Settings":
-        from magpie.redisconn import is_cluster_url
+        from magpie.base.redisconn import is_cluster_url
 
         if is_cluster_url(self.redis_url) and "broker_url" not in self.model_fields_set:
             raise ValueError("MAGPIE_REDIS_URL names a Redis Cluster, which cannot be a Celery broker: set "
@@ -924,7 +920,7 @@ def load_settings(**overrides) -> Settings:
     """Build settings from the environment plus explicit ``overrides`` (field names).
 
     Raises :class:`ConfigError` naming the environment variable when a value is invalid. The message
-    never holds a secret (:mod:`magpie.redact`): values of secret settings show as ``'***'``, URL
+    never holds a secret (:mod:`magpie.base.redact`): values of secret settings show as ``'***'``, URL
     passwords as ``user:***@``, and any secret value a validator's text repeats is masked too.
     """
     try:
@@ -947,7 +943,7 @@ def load_settings(**overrides) -> Settings:
         raise ConfigError(message) from None
     if settings.egress_only and not os.environ.get("MAGPIE_EGRESS_ONLY", "").strip():
         # set in .env (or an override) only: the guard and subprocesses read the environment
-        from magpie.egress import install_socket_guard
+        from magpie.base.egress import install_socket_guard
 
         os.environ["MAGPIE_EGRESS_ONLY"] = settings.egress_only
         install_socket_guard()

@@ -61,6 +61,11 @@ class MagpieError(Exception):
     """Base of every exception magpie raises on purpose; its message is one line for the user."""
 
 
+class ConfigError(MagpieError, ValueError):
+    """A setting from the environment (or an operator's argument) is missing or malformed; the message
+    names the variable. Also importable as :class:`magpie.config.ConfigError`."""
+
+
 class RefusedError(MagpieError):
     """A request refused by the current state; nothing changed.
 

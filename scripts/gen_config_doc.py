@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from magpie import config, redact  # noqa: E402
+from magpie import config  # noqa: E402
+from magpie.base import redact  # noqa: E402
 
 OUT = ROOT / "docs" / "configuration.md"
 SECTION = re.compile(r"^\s*# --- settings: (.+?) ---\s*$")

@@ -17,7 +17,7 @@ os.environ.setdefault("MAGPIE_CHECK_ALLOW_PRIVATE", "127.0.0.0/8,::1")
 # Deny-by-default egress for the whole session and every subprocess (they inherit the environment):
 # nothing outside loopback is ever dialled, whatever a test or the code under test asks for.
 os.environ["MAGPIE_EGRESS_ONLY"] = os.environ.get("MAGPIE_TEST_EGRESS_ONLY", "127.0.0.0/8,::1")
-from magpie.egress import install_socket_guard  # noqa: E402
+from magpie.base.egress import install_socket_guard  # noqa: E402
 
 install_socket_guard()
 REDIS_URL = os.environ.get("MAGPIE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -115,7 +115,7 @@ def checked_until(procs, db, settings, log_path, stop: Callable, workspace: str 
     """Poll the latest health of ``workspace`` every 0.25 s until every route was checked ``rounds`` times
     (or ``timeout`` seconds pass), failing at once if a process of ``procs`` exits; then ``stop`` each
     process. Returns the last rows read (:func:`magpie.db.repo.latest_health`)."""
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import latest_health
 
     rows: list[dict] = []
@@ -141,7 +141,7 @@ def append_entries(redis, prefix: str, entries) -> list[str]:
     """Append result entries (field dicts) to the results stream of ``prefix`` with plain ``XADD`` (one
     pipeline), unbounded: for tests of the readers. Check workers append through the schedule's
     completion, which applies the bound and the overflow policy. Returns the new stream ids."""
-    from magpie.stats.keys import stream_key
+    from magpie.queue.streams import stream_key
 
     pipe = redis.pipeline(transaction=False)
     for fields in entries:

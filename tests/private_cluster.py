@@ -14,7 +14,7 @@ import uuid
 
 import pytest
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.lab.cluster import LocalCluster
 
 

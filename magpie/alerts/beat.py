@@ -1,4 +1,4 @@
-"""Beat entries of the alert and email jobs (collected by :data:`magpie.celery_config.BEAT_PROVIDERS`).
+"""Beat entries of the alert and email jobs (collected by :func:`magpie.wiring.celery_config.build`).
 
 Every entry expires after about one period, so a backlog of triggers (beat running while workers were
 down) is dropped instead of replayed: the rows in PostgreSQL, not the broker, hold the work.

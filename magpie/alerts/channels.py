@@ -2,7 +2,7 @@
 
 * ``webhook``: an http(s) URL checked by :func:`magpie.alerts.webhook.check_target` at creation (and again
   at every send) and a per-channel HMAC secret, stored encrypted with ``PROXY_ENCRYPTION_KEY``
-  (:class:`magpie.crypto.Keyring`). Each transition becomes an ``alert_deliveries`` row.
+  (:class:`magpie.base.crypto.Keyring`). Each transition becomes an ``alert_deliveries`` row.
 * ``email``: one recipient address. Each transition becomes an ``email_outbox`` row (kind ``alert``).
 
 Every enabled channel of the workspace receives every transition of the workspace's rules.
@@ -19,7 +19,7 @@ from sqlalchemy.engine import Engine
 
 from magpie.alerts.rules import workspace_id
 from magpie.alerts.webhook import check_target
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.outbox.service import validate_address
 
 KINDS = ("webhook", "email")

@@ -33,9 +33,9 @@ from datetime import datetime
 from sqlalchemy.engine import Engine
 
 from magpie.alerts import webhook
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 from magpie.claims import Claim, ClaimTable, Outcome, retry_curve, run_workers
-from magpie.crypto import CredentialError, get_keyring
+from magpie.base.crypto import CredentialError, get_keyring
 
 DELIVERIES = ClaimTable(
     "alert_deliveries",

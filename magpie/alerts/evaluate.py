@@ -223,10 +223,10 @@ def apply_workspace(engine: Engine, snap: WorkspaceSnapshot, settings, *,
     after ``snap`` was measured.
 
     ``fence`` is the evaluating leader's ``(fence name, generation)``: the transaction first checks it
-    (:func:`magpie.fencing.fence`), so a former leader that goes on after a newer one wrote is refused.
+    (:func:`magpie.coordination.fencing.fence`), so a former leader that goes on after a newer one wrote is refused.
 
     Returns an :class:`EvaluationReport` for the workspace (``applied``, ``stale``, ``transitions``).
-    Raises ``sqlalchemy.exc.SQLAlchemyError`` on a database failure, :class:`magpie.fencing.StaleLeader`
+    Raises ``sqlalchemy.exc.SQLAlchemyError`` on a database failure, :class:`magpie.coordination.fencing.StaleLeader`
     when fenced (nothing of the workspace is written either way).
     """
     report = EvaluationReport(snap.now, workspaces=1, rules=len(snap.rules))
@@ -235,7 +235,7 @@ def apply_workspace(engine: Engine, snap: WorkspaceSnapshot, settings, *,
     minute = epoch_minute(snap.now)
     with engine.begin() as conn:
         if fence is not None:
-            from magpie.fencing import fence as check_fence
+            from magpie.coordination.fencing import fence as check_fence
 
             check_fence(conn, *fence)
         cur = {r["id"]: r for r in conn.execute(sa.text(_LOCK_SQL), {"ids": [r.id for r in snap.rules]}).mappings()}
@@ -299,7 +299,7 @@ def evaluate_all(engine: Engine, settings, *, now: datetime | None = None,
     ``fence`` (the leader's fence name and generation), a refusal by a newer leader's generation stops
     the pass (counted in ``errors``).
     """
-    from magpie.fencing import StaleLeader
+    from magpie.coordination.fencing import StaleLeader
 
     now = evaluation_time(now)
     total = EvaluationReport(now)
@@ -327,13 +327,13 @@ def run_evaluation(redis_client, engine: Engine, settings, *, now: datetime | No
     """:func:`evaluate_all` under the Redis leader lock ``<prefix>leader:alerts``.
 
     ``once_per_slot`` (beat triggers): evaluate only if no pass ran the current slot of
-    ``MAGPIE_ALERT_EVAL_INTERVAL`` seconds yet (:func:`magpie.leader.claim_cadence_slot`), however many
+    ``MAGPIE_ALERT_EVAL_INTERVAL`` seconds yet (:func:`magpie.coordination.leader.claim_cadence_slot`), however many
     beats trigger it. Returns ``None`` when another instance leads or the slot already ran (nothing
     evaluated). Losing the lock mid-pass stops the pass between workspaces; a workspace already being
     applied is protected by the state generation check, and every workspace transaction by the lock's
     fencing token (a newer leader's refuses ours).
     """
-    from magpie.leader import LeaderLock, claim_cadence_slot
+    from magpie.coordination.leader import LeaderLock, claim_cadence_slot
 
     lock = LeaderLock(redis_client, settings.redis_prefix, "alerts", ttl_ms)
     with lock.hold() as lost:

@@ -136,7 +136,7 @@ class AlertChannel(Base):
     """A destination for a workspace's incident transitions.
 
     ``kind`` ``webhook``: ``target`` is an http(s) URL and ``secret_enc`` the HMAC secret encrypted with
-    :meth:`magpie.crypto.Keyring.encrypt`. ``kind`` ``email``: ``target`` is the recipient address.
+    :meth:`magpie.base.crypto.Keyring.encrypt`. ``kind`` ``email``: ``target`` is the recipient address.
     """
 
     __tablename__ = "alert_channels"

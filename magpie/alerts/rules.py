@@ -16,7 +16,7 @@ and ``latency`` read the workspace's check history of the rotator's upstream pro
 ``protocols`` filter; all when it has none): checker measurements, not client traffic, and not only the
 routes that pass its other filters right now.
 
-``protocols`` (subset of http/https/socks4/socks5, ``None`` = all) narrows the routes; with fewer than
+``protocols`` (subset of :data:`magpie.base.protocols.PROTOCOLS`, ``None`` = all) narrows the routes; with fewer than
 ``min_samples`` samples the rule's verdict is Unknown. Every change (edit, enable, disable) increments
 ``revision``, so an evaluation computed against the old revision is discarded (see
 :mod:`magpie.alerts.evaluate`).
@@ -31,9 +31,9 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.errors import Refusal, RefusedError
+from magpie.base.protocols import PROTOCOLS
 
 KINDS = ("usable_routes", "success_rate", "latency")
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 PERCENTILES = (50, 95)
 DEFAULT_MIN_SAMPLES = {"usable_routes": 1, "success_rate": 10, "latency": 10}
 _UNSET = object()

@@ -2,7 +2,7 @@
 
 Target policy: a webhook URL must be ``http`` or ``https`` with a host and no credentials. Its host is
 resolved (an IP literal is taken as is) and *every* resolved address is checked by the shared egress guard
-(:class:`magpie.egress.EgressPolicy`, the one checks use): loopback, private, shared/CGNAT, link-local,
+(:class:`magpie.base.egress.EgressPolicy`, the one checks use): loopback, private, shared/CGNAT, link-local,
 reserved, IPv6 unique-local and link-local addresses, and IPv6 forms embedding such an IPv4 address
 (mapped, compatible, 6to4, NAT64, Teredo), are refused unless ``MAGPIE_WEBHOOK_ALLOW_PRIVATE`` allows them
 (``true`` for all, or CIDRs such as ``10.0.0.0/8,::1``); multicast and unspecified are refused always.
@@ -34,7 +34,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 
-from magpie.egress import EgressPolicy
+from magpie.base.egress import EgressPolicy
 from magpie.errors import MagpieError
 
 SIGNATURE_HEADER = "X-Magpie-Signature"

@@ -122,11 +122,10 @@ def _reschedule(ctx: JobContext, queue, conn, ids: list[int]) -> int:
     """Put routes ``ids`` (those some workspace owns) back on the schedule; returns how many were fed."""
     if not ids:
         return 0
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import RouteRecord
-    from magpie.importer.service import schedule_item
-    from magpie.queue.payload import write_cipher
-    from magpie.routes import Route
+    from magpie.queue.payload import schedule_item, write_cipher
+    from magpie.base.routes import Route
 
     keyring = get_keyring(ctx.settings.encryption_key)
     rows = conn.execute(sa.text(

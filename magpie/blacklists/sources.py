@@ -106,7 +106,7 @@ def read_source(location: str, settings) -> bytes:
     Raises :class:`SourceError` (unreadable file, refused or failed URL, non-2xx reply, too large)."""
     limit = settings.blacklist_max_bytes
     if is_url(location):
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
         from magpie.enrich.fetch import FetchError, get
 
         try:
@@ -140,7 +140,7 @@ def add_source(engine: Engine, name: str, location: str, settings=None) -> dict:
         the source as :func:`list_sources` gives it.
     Raises:
         SourceError: bad name, URL with credentials, a file that does not exist or is not one a blacklist
-        may be read from (:func:`check_file`). :class:`magpie.egress.EgressRefused`: a refused URL host.
+        may be read from (:func:`check_file`). :class:`magpie.base.egress.EgressRefused`: a refused URL host.
     """
     if not _NAME.fullmatch(name or ""):
         raise SourceError(f"bad source name {name!r}: lower-case letters, digits, '_', '.', '-' (at most 64)")
@@ -153,7 +153,7 @@ def add_source(engine: Engine, name: str, location: str, settings=None) -> dict:
         if not parts.hostname:
             raise SourceError("source URL has no host")
         if settings is not None:
-            from magpie.egress import EgressPolicy
+            from magpie.base.egress import EgressPolicy
 
             EgressPolicy(settings.enrich_allow_private, "MAGPIE_ENRICH_ALLOW_PRIVATE").check_host(parts.hostname)
     else:

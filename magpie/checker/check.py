@@ -2,7 +2,7 @@
 
 :class:`Checker` runs a :class:`magpie.checker.engine.CheckEngine` on a private event loop in a daemon
 thread, so any thread may call it; :func:`check_many` checks a whole list on that loop with a bound on the
-checks in flight. Workers do not use this: they run the engine inside :mod:`magpie.checkpool`.
+checks in flight. Workers do not use this: they run the engine inside :mod:`magpie.pipeline.checkpool`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -53,7 +53,7 @@ class Checker:
         own_addresses: known own addresses, skipping :meth:`learn_own_address`.
         connect_timeout: seconds for the TCP connect to the proxy (default: ``timeout``); the handshake
             counts against ``timeout``.
-        egress: a :class:`magpie.egress.EgressPolicy` guarding every destination (None: no guard).
+        egress: a :class:`magpie.base.egress.EgressPolicy` guarding every destination (None: no guard).
         ssl_context: TLS context for an https judge (default: the system trust store).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap or a judge URL
@@ -72,7 +72,7 @@ class Checker:
     def from_settings(cls, settings) -> Checker:
         """A checker configured from a :class:`magpie.config.CheckSettings` (or a whole Settings)."""
         from magpie.checker.tls import is_https, judge_ssl_context
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         c = getattr(settings, "checks", settings)
         tls = judge_ssl_context(getattr(c, "judge_ca_bundle", None)) if is_https(c.judge_url) else None

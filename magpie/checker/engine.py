@@ -8,7 +8,8 @@ socket and one coroutine while it waits. One check is a GET of the judge through
 - ``socks4`` (the judge's address resolved once by the engine, not per check), ``socks5`` with
   username/password and remote DNS.
 
-Through an http judge an attempt is one bare :class:`asyncio.Protocol` (:class:`_Exchange`; for SOCKS routes
+Which handshake a protocol takes is its entry of :data:`magpie.base.protocols.REGISTRY`. Through an http
+judge an attempt is one bare :class:`asyncio.Protocol` (:class:`_Exchange`; for SOCKS routes
 :class:`_SocksExchange`, whose SOCKS4/SOCKS5 handshake is the engine's own): no stream objects and no read
 coroutine per chunk, the cheapest way to hold tens of thousands of dead proxies. Through an https judge the
 handshakes (CONNECT, SOCKS4, SOCKS5) and TLS come from python-socks. The judge's HTTP response is parsed by
@@ -49,9 +50,10 @@ from python_socks.async_.asyncio.v2._connect import connect_tcp
 from magpie.checker.anonymity import classify, normalize_ip
 from magpie.checker.result import MAX_ECHO_BYTES, USER_AGENT, CheckResult, now_ms, parse_echo
 from magpie.checker.tls import is_https, judge_ssl_context, warn_https_judge
-from magpie.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
-from magpie.judges.rules import needle_of, validate_rule
-from magpie.routes import Route
+from magpie.base.egress import EgressPolicy, EgressRefused, egress_only_policy, is_ip_literal
+from magpie.base.protocols import REGISTRY
+from magpie.base.routes import Route
+from magpie.checker.rules import needle_of, validate_rule
 
 log = logging.getLogger(__name__)
 _JUDGE_REFUSED_LOG_EVERY_S = 60.0
@@ -183,7 +185,6 @@ class _Exchange(asyncio.Protocol):
             self.done.set_result(exc)
 
 
-_SOCKS_TYPES = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 
 
 def socks_connect_request(socks4: bool, dest: str, port: int) -> bytes:
@@ -328,14 +329,14 @@ class CheckEngine:
         ssl_context: TLS context for an https judge (default: the system trust store; see
             :func:`magpie.checker.tls.judge_ssl_context`). An https judge logs one warning that anonymity
             grading cannot see headers a proxy adds (it only relays the TLS tunnel).
-        egress: the :class:`magpie.egress.EgressPolicy` every proxy and the judge must pass before a
+        egress: the :class:`magpie.base.egress.EgressPolicy` every proxy and the judge must pass before a
             connection is made (host names after resolution); None guards nothing but
             ``MAGPIE_EGRESS_ONLY`` when that is set (tools and tests).
         rule: what a valid HTTP 200 answer is: ``echo`` (default), ``status`` or ``contains:<text>``
-            (:mod:`magpie.judges.rules`).
+            (:mod:`magpie.checker.rules`).
         resolver: ``await resolver(host, port) -> list[str]`` resolving host names (a shared
             :class:`magpie.judges.dns.DnsCache`); default: the loop's ``getaddrinfo`` on every call.
-        limiter / rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
+        limiter / rate: a :class:`magpie.coordination.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
             requests per second across the deployment (<= 0: unlimited). Each attempt takes a token
             first; a check that cannot get one in time ends with error ``"RateLimited"`` and
             ``judge_fault`` set (the route is retried, not recorded).
@@ -399,7 +400,7 @@ class CheckEngine:
         self.limiter = limiter if rate and rate > 0 else None
         self.rate = float(rate or 0.0)
         if self.limiter is not None:
-            from magpie.ratelimit import judge_bucket_name
+            from magpie.coordination.ratelimit import judge_bucket_name
 
             self._bucket = judge_bucket_name(judge_url)
 
@@ -474,20 +475,16 @@ class CheckEngine:
         then TLS); returns the stream and the request to send. ``connected()`` is called once the TCP
         connection to the proxy stands, before any handshake."""
         host = await self._dial_host(route)
-        if route.protocol in ("http", "https"):
-            proxy = Proxy(ProxyType.HTTP, host, route.port, route.username, route.password,
+        proto = REGISTRY[route.protocol]
+        if not proto.is_socks:
+            proxy = Proxy(proto.handshake, host, route.port, route.username, route.password,
                           forward=_Dialer(connected))
             stream = await proxy.connect(self._judge_host, self._judge_port, dest_ssl=self._ssl, timeout=3600)
             return stream.reader, stream.writer, self._origin_request
-        kind = _SOCKS_TYPES[route.protocol]
-        if kind is ProxyType.SOCKS4:
-            dest = await self._judge_address()
-            proxy = Proxy(kind, host, route.port, route.username, None, rdns=False,
-                          forward=_Dialer(connected))
-        else:
-            dest = self._judge_host
-            proxy = Proxy(kind, host, route.port, route.username, route.password, rdns=True,
-                          forward=_Dialer(connected))
+        dest = self._judge_host if proto.remote_dns else await self._judge_address()
+        proxy = Proxy(proto.handshake, host, route.port, route.username,
+                      route.password if proto.passwords else None, rdns=proto.remote_dns,
+                      forward=_Dialer(connected))
         stream = await proxy.connect(dest, self._judge_port, dest_ssl=self._ssl, timeout=3600)
         return stream.reader, stream.writer, self._origin_request
 
@@ -520,14 +517,15 @@ class CheckEngine:
             task.cancel()
 
         handle = loop.call_at(t0 + self.connect_timeout, connect_deadline)
-        socks = route.protocol in _SOCKS_TYPES
+        proto = REGISTRY[route.protocol]
+        socks = proto.is_socks
         exchange: _Exchange | None = None
         try:
             try:
                 host = await self._dial_host(route)
                 if socks:
-                    socks4 = route.protocol == "socks4"
-                    dest = await self._judge_address() if socks4 else self._judge_host
+                    socks4 = proto.handshake is ProxyType.SOCKS4
+                    dest = self._judge_host if proto.remote_dns else await self._judge_address()
                     exchange = _SocksExchange(loop, self._limit, self._socks_request(socks4, dest), socks4,
                                               route.username, route.password)
                 else:
@@ -621,7 +619,7 @@ class CheckEngine:
         att = await self._timed_attempt(route, marks)
         if len(marks) >= 2:
             att.connect_ms = round((marks[1] - marks[0]) * 1000.0, 3)
-        if len(marks) >= 3 and (self._tls or route.protocol in _SOCKS_TYPES):
+        if len(marks) >= 3 and (self._tls or REGISTRY[route.protocol].is_socks):
             att.handshake_ms = round((marks[2] - marks[1]) * 1000.0, 3)
         return att
 
@@ -635,7 +633,7 @@ class CheckEngine:
         marks.append(started)
         t0 = loop.time()
         transport = None
-        socks = route.protocol in _SOCKS_TYPES
+        socks = REGISTRY[route.protocol].is_socks
         window = asyncio.timeout_at(t0 + self.connect_timeout)
 
         def connected() -> None:
@@ -695,7 +693,7 @@ class CheckEngine:
         the attempt in flight (``CancelledError`` propagates). The own address, when not known yet, is
         learned on the first successful attempt (one direct GET; retried at most every 30 s).
         """
-        if route.protocol not in ("http", "https", "socks4", "socks5"):
+        if route.protocol not in REGISTRY:
             return CheckResult(False, None, None, 0, "UnsupportedProtocol", None, None, self.judge_url, now_ms())
         last: _Attempt | None = None
         made = 0

@@ -17,9 +17,9 @@ Error classes in :attr:`CheckResult.error`:
 - ``BadStatus``: the judge (or the proxy) answered with a status other than 200;
 - ``BadEcho``: status 200 but the body is not a judge echo (or is larger than the parse limit);
 - ``Aborted``: the check was stopped (its lease was lost);
-- ``UnsupportedProtocol``: the route's protocol is not one of http, https, socks4, socks5;
+- ``UnsupportedProtocol``: the route's protocol is not one of :data:`magpie.base.protocols.PROTOCOLS`;
 - ``EgressRefused``: the proxy's address (or the judge's) is outside the egress policy: no connection was
-  made (see :mod:`magpie.egress`).
+  made (see :mod:`magpie.base.egress`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from magpie.routes import Route
+from magpie.base.protocols import protocol
+from magpie.base.routes import Route
 
 CONNECTION_ERRORS = frozenset(
     {"ConnectTimeout", "ReadTimeout", "ProxyError", "SOCKSError", "SSLError", "ConnectionError"}
@@ -96,13 +97,11 @@ def proxy_url(route: Route) -> str:
     """The proxy URL of ``route`` in the notation of curl and requests (credentials percent-encoded).
 
     ``http`` and ``https`` routes are plain-HTTP proxies (an "https proxy" in proxy lists is one that
-    accepts CONNECT); ``socks4`` resolves names locally, ``socks5`` remotely (``socks5h``).
+    accepts CONNECT); ``socks4`` resolves names locally, ``socks5`` remotely (``socks5h``): the
+    :attr:`~magpie.base.protocols.Protocol.proxy_scheme` of the route's protocol.
     Raises ``ValueError`` for an unknown protocol.
     """
-    scheme = {"http": "http", "https": "http", "socks4": "socks4", "socks5": "socks5h"}.get(route.protocol)
-    if scheme is None:
-        raise ValueError(f"unsupported protocol {route.protocol!r}")
-    return scheme + route.url()[len(route.protocol) :]
+    return protocol(route.protocol).proxy_scheme + route.url()[len(route.protocol) :]
 
 
 def parse_echo(raw: bytes) -> dict | None:

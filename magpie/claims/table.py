@@ -21,7 +21,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 from magpie.claims import rows
 from magpie.claims.models import STATUSES
 from magpie.claims.rows import Claim
@@ -38,7 +38,7 @@ def retry_curve(base_s: float, cap_s: float) -> Backoff:
     Args:
         base_s: first delay in seconds. cap_s: longest delay in seconds (``base_s`` if lower).
     Returns:
-        A :class:`~magpie.backoff.Backoff` (its delays are milliseconds).
+        A :class:`~magpie.base.backoff.Backoff` (its delays are milliseconds).
     Raises:
         ValueError: ``base_s`` is below one millisecond.
     """

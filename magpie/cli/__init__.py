@@ -117,7 +117,7 @@ class MagpieGroup(click.Group):
 @click.version_option(package_name="magpie")
 def main() -> None:
     """magpie: recurring health checks of HTTP/HTTPS/SOCKS4/SOCKS5 proxies on a Redis lease schedule."""
-    from magpie.logs import setup_cli_logging
+    from magpie.observability.logs import setup_cli_logging
 
     setup_cli_logging()  # MAGPIE_LOG_FORMAT=json: log lines as JSON
 

@@ -11,6 +11,7 @@ from functools import partial
 
 import click
 
+from magpie.cli.routes import PROTOCOL_CHOICE
 from magpie.cli.context import CliState, json_option, pass_state, run_workers, user_errors, worker_options
 from magpie.cli.output import echo_json, rows_table
 from magpie.errors import MagpieError
@@ -47,7 +48,6 @@ def rules_list(state: CliState, workspace, as_json) -> None:
 
 
 _KIND = click.Choice(["usable_routes", "success_rate", "latency"])
-_PROTO = click.Choice(["http", "https", "socks4", "socks5"])
 
 
 @rules.command("create")
@@ -58,7 +58,7 @@ _PROTO = click.Choice(["http", "https", "socks4", "socks5"])
               help="usable_routes: routes; success_rate: percent; latency: ms.")
 @click.option("--percentile", type=click.Choice(["50", "95"]), default=None,
               help="latency rules (default 95).")
-@click.option("--protocol", "protocols", multiple=True, type=_PROTO,
+@click.option("--protocol", "protocols", multiple=True, type=PROTOCOL_CHOICE,
               help="Only these protocols (repeatable).")
 @click.option("--min-samples", type=int, default=None)
 @click.option("--freshness", type=int, default=None, help="usable_routes: seconds a check stays fresh.")
@@ -83,7 +83,7 @@ def rules_create(state: CliState, workspace, name, kind, threshold, percentile, 
 @click.option("--name", default=None)
 @click.option("--threshold", type=float, default=None)
 @click.option("--percentile", type=click.Choice(["50", "95"]), default=None)
-@click.option("--protocol", "protocols", multiple=True, type=_PROTO)
+@click.option("--protocol", "protocols", multiple=True, type=PROTOCOL_CHOICE)
 @click.option("--all-protocols", is_flag=True, help="Remove the protocol filter.")
 @click.option("--min-samples", type=int, default=None)
 @click.option("--freshness", type=int, default=None)

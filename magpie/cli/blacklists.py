@@ -96,9 +96,10 @@ def policy_cmd(state: CliState, workspace: str, policy: str, as_json: bool) -> N
 @pass_state
 def refresh(state: CliState, as_json: bool) -> None:
     """Run one pass of the blacklist_refresh job now, under its leader lock. Exits 1 if it failed."""
+    from magpie.blacklists.job import JOB
     from magpie.maintenance.runner import run_job
 
-    out = run_job("blacklist_refresh", state.settings, engine=state.engine, redis=state.redis)
+    out = run_job(JOB, state.settings, engine=state.engine, redis=state.redis)
     if as_json:
         echo_json(out)
     elif out["status"] == "ok":

@@ -1,5 +1,5 @@
 """``magpie workspaces list|create|delete`` and ``magpie bulk remove-routes|reprocess-dead|retry-deliveries``:
-the operator's bulk verbs (:mod:`magpie.operations`). Each takes ``--dry-run`` (count, change nothing) and
+the operator's bulk verbs (:mod:`magpie.admin.operations`). Each takes ``--dry-run`` (count, change nothing) and
 ``--json``; destructive ones ask on a terminal and need ``--yes`` elsewhere.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from magpie.cli.routes import PROTOCOL_CHOICE
 from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json, rows_table
 
@@ -40,7 +41,7 @@ def workspaces_list(state: CliState, as_json: bool) -> None:
     Example:
       magpie workspaces list --json
     """
-    from magpie.operations import list_workspaces
+    from magpie.admin.operations import list_workspaces
 
     rows = list_workspaces(state.engine)
     if as_json:
@@ -62,7 +63,7 @@ def workspaces_create(state: CliState, name: str, dry_run: bool, as_json: bool) 
     Example:
       magpie workspaces create acme
     """
-    from magpie.operations import create_workspace
+    from magpie.admin.operations import create_workspace
 
     out = create_workspace(state.engine, name, dry_run=dry_run)
     _emit(as_json, out, f"{'would create' if dry_run else 'created'} workspace {name!r}")
@@ -84,7 +85,7 @@ def workspaces_delete(state: CliState, name: str, dry_run: bool, yes: bool, as_j
       magpie workspaces delete acme --yes --json
     """
     from magpie.cli.progress import confirm_destructive
-    from magpie.operations import delete_workspace, remove_routes
+    from magpie.admin.operations import delete_workspace, remove_routes
 
     if not dry_run:
         n = remove_routes(state.engine, state.queue, workspace=name, dry_run=True)["matched"]
@@ -146,7 +147,7 @@ def bulk() -> None:
 
 @bulk.command("remove-routes")
 @click.option("--workspace", "-w", default=None, help="Only routes of this workspace (they leave it only).")
-@click.option("--protocol", type=click.Choice(["http", "https", "socks4", "socks5"]), default=None)
+@click.option("--protocol", type=PROTOCOL_CHOICE, default=None)
 @click.option("--dead-days", type=click.FloatRange(0, 36500), default=None,
               help="Only routes failing now and not alive for more than this many days.")
 @_DRY_RUN
@@ -163,7 +164,7 @@ def bulk_remove_routes(state: CliState, workspace, protocol, dead_days, dry_run,
       magpie bulk remove-routes -w acme --dead-days 30 --yes --json
     """
     from magpie.cli.progress import confirm_destructive
-    from magpie.operations import remove_routes
+    from magpie.admin.operations import remove_routes
 
     kw = dict(workspace=workspace, protocol=protocol, dead_days=dead_days)
     if not dry_run:
@@ -191,7 +192,7 @@ def bulk_reprocess_dead(state: CliState, reason, older_than, dry_run, as_json) -
       magpie bulk reprocess-dead --reason stalled --dry-run
       magpie bulk reprocess-dead --json
     """
-    from magpie.operations import reprocess_dead
+    from magpie.admin.operations import reprocess_dead
 
     out = reprocess_dead(state.queue, reason=reason, older_than_s=older_than, dry_run=dry_run)
     _emit(as_json, out, ("would reprocess: " if dry_run else "") + _counts(out, ("matched", "reprocessed", "raced")))
@@ -211,7 +212,7 @@ def bulk_retry_deliveries(state: CliState, kind, channel_id, dry_run, as_json) -
       magpie bulk retry-deliveries --dry-run
       magpie bulk retry-deliveries --kind email --json
     """
-    from magpie.operations import retry_failed
+    from magpie.admin.operations import retry_failed
 
     out = retry_failed(state.engine, kind=kind, channel_id=channel_id, dry_run=dry_run)
     _emit(as_json, out, ("would retry: " if dry_run else "") + _counts(out, ("matched", "retried", "raced")))

@@ -59,7 +59,7 @@ def check(state: CliState, file, protocol, judge_url, timeout, attempts, concurr
     for bad in parsed.invalid[:50]:
         click.echo(f"  line {bad.line}: {bad.reason}", err=True)
     timeout = timeout or s.check_timeout
-    from magpie.egress import EgressPolicy, is_ip_literal
+    from magpie.base.egress import EgressPolicy, is_ip_literal
 
     from magpie.checker.tls import is_https, judge_ssl_context
 

@@ -15,7 +15,7 @@ from functools import cached_property
 
 import click
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import MagpieError
 
 
@@ -49,7 +49,7 @@ class CliState:
         """The process-wide SQLAlchemy engine on ``MAGPIE_DATABASE_URL``, once ``PROXY_ENCRYPTION_KEY`` is
         known to be the database's key (:func:`magpie.db.keycheck.verify_key`: recorded on first use).
 
-        Raises :class:`magpie.crypto.KeyMismatchError` for another key (exit status 2, one line).
+        Raises :class:`magpie.base.crypto.KeyMismatchError` for another key (exit status 2, one line).
         """
         from magpie.db.keycheck import verify_key
         from magpie.db.session import get_engine
@@ -71,7 +71,7 @@ class CliState:
     @cached_property
     def keyring(self):
         """The credential keyring of ``PROXY_ENCRYPTION_KEY``."""
-        from magpie.crypto import get_keyring
+        from magpie.base.crypto import get_keyring
 
         return get_keyring(self.settings.encryption_key)
 

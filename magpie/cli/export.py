@@ -34,7 +34,7 @@ from magpie.errors import MagpieError
 def export(state: CliState, workspace, alive, protocol, anonymity, country, exit_country, max_latency, min_score,
            fmt, with_credentials, output) -> None:
     """Export the routes of a workspace that pass the filters, streamed in route order (constant memory)."""
-    from magpie.export import ExportFilter, stream_export
+    from magpie.admin.export import ExportFilter, stream_export
 
     flt = ExportFilter(workspace=workspace, alive=alive, protocol=protocol, anonymity=anonymity, country=country,
                        max_latency_ms=max_latency, min_score=min_score, exit_country=exit_country)

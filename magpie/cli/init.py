@@ -1,5 +1,5 @@
 """``magpie init DIR``: write the files a deployment runs from (Procfile, Celery and Flower settings,
-``alembic.ini``, the Prometheus rules and the Grafana dashboard; see :mod:`magpie.deployment`)."""
+``alembic.ini``, the Prometheus rules and the Grafana dashboard; see :mod:`magpie.base.deployment`)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def init(state: CliState, directory: str, force: bool, as_json: bool) -> None:
     """Write a deployment's files into DIRECTORY (created if missing): Procfile, celeryconfig.py,
     flowerconfig.py, alembic.ini, deploy/prometheus/rules.yml, deploy/grafana/magpie.json. Run honcho,
     celery and alembic from there."""
-    from magpie import deployment
+    from magpie.base import deployment
 
     try:
         written = deployment.write(directory, force=force)

@@ -43,7 +43,7 @@ def _detail(rec: dict) -> str:
 def instances(state: CliState, role: str | None, as_json: bool) -> None:
     """Live instances: id, role, host, pid, version, queues, checks in flight, cache revisions, age of
     the last heartbeat. An instance that stops refreshing disappears after MAGPIE_INSTANCE_TTL seconds."""
-    from magpie.instances import InstanceRegistry
+    from magpie.coordination.instances import InstanceRegistry
 
     live = InstanceRegistry(state.redis, state.settings.redis_prefix).list_live(role)
     if as_json:

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import click
 
+from magpie.base.protocols import PROTOCOLS
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, rows_table
 
@@ -49,7 +50,7 @@ def judges_add(state: CliState, url: str, workspace: str | None, rule: str, disa
     from magpie.judges.store import add_judge
 
     with user_errors(ValueError):
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         guard = EgressPolicy(state.settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
         row = add_judge(state.engine, url, workspace=workspace, rule=rule, enabled=not disabled, egress=guard,
@@ -187,7 +188,7 @@ def profiles_show(state: CliState, workspace: str, as_json: bool) -> None:
 
 @profiles.command("set")
 @click.argument("workspace")
-@click.option("--protocols", help="Comma-separated protocols to test each route as (http,https,socks4,socks5).")
+@click.option("--protocols", help=f"Comma-separated protocols to test each route as ({','.join(PROTOCOLS)}).")
 @click.option("--timeout", type=float, help="Seconds per attempt (at most MAGPIE_PROFILE_MAX_TIMEOUT).")
 @click.option("--attempts", type=int, help="Attempts per check (at most MAGPIE_PROFILE_MAX_ATTEMPTS).")
 @click.option("--judge-pool", type=click.Choice(["global", "workspace"]), help="Judges to check through.")

@@ -70,7 +70,7 @@ def keys_export(state: CliState, directory: str) -> None:
     The files hold plaintext credentials: delete them once imported. Prints counts only."""
     import sqlalchemy as sa
 
-    from magpie.routes import Route
+    from magpie.base.routes import Route
 
     engine, keyring = state.engine, state.keyring  # the engine checks the key against the database
     out = Path(directory)

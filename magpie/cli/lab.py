@@ -45,7 +45,7 @@ def _needs_loopback_hint(addresses: list[str]) -> bool:
     """True unless ``MAGPIE_CHECK_ALLOW_PRIVATE`` (environment or ``.env``) already allows every one of
     ``addresses``."""
     from magpie.config import load_settings
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
 
     try:
         allow = load_settings().check_allow_private

@@ -31,8 +31,7 @@ def maintenance() -> None:
 @pass_state
 def maintenance_run(state: CliState, job: str, as_json: bool, batch_size, max_batches, max_seconds) -> None:
     """Run one pass of JOB (or `all`) now, under its leader lock. Exits 1 if a pass failed."""
-    from magpie.maintenance.registry import JOBS
-    from magpie.maintenance.runner import run_job
+    from magpie.wiring.jobs import JOBS, run_job
 
     names = list(JOBS) if job == "all" else [job]
     for n in names:
@@ -62,7 +61,7 @@ def _heartbeats(state: CliState) -> dict:
 
     import redis
 
-    from magpie.instances import InstanceRegistry
+    from magpie.coordination.instances import InstanceRegistry
 
     s = state.settings
     try:
@@ -88,7 +87,7 @@ def maintenance_status(state: CliState, as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from magpie.maintenance.runner import job_status
+    from magpie.wiring.jobs import job_status
 
     rows = job_status(state.settings, engine=state.engine, redis=state.redis) + [_heartbeats(state)]
     if as_json:

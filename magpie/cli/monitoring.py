@@ -18,13 +18,14 @@ from magpie.cli.output import echo_json
 @pass_state
 def metrics_cmd(state: CliState, host: str | None, port: int | None) -> None:
     """Serve /metrics in Prometheus text format (schedule, stream, maintenance, check counters)."""
-    from magpie.metrics import serve
+    from magpie.observability.metrics import serve
+    from magpie.wiring.jobs import JOBS
 
     s = state.settings
     host = host or s.metrics_host
     port = port if port is not None else (s.metrics_port or 9464)
     with user_errors(OSError, prefix=f"cannot listen on {host}:{port}: "):
-        server, _thread = serve(s, host, port)
+        server, _thread = serve(s, host, port, jobs=JOBS.values())
     click.echo(f"metrics on http://{host}:{server.server_port}/metrics (Ctrl-C to stop)")
     try:
         while True:
@@ -43,7 +44,7 @@ def metrics_cmd(state: CliState, host: str | None, port: int | None) -> None:
 @pass_state
 def health_cmd(state: CliState, as_json: bool, timeout: float | None) -> None:
     """Readiness of Redis, PostgreSQL, the broker, the schema and the schedule; exits 1 when not ready."""
-    from magpie.health import check_health
+    from magpie.observability.health import check_health
 
     rep = check_health(state.settings, timeout=timeout)
     if as_json:

@@ -15,7 +15,7 @@ from magpie.cli.context import CliState, json_option, pass_state
 from magpie.cli.output import echo_json
 from magpie.cli.queue_lease import register as register_lease_verbs
 from magpie.errors import MagpieError, Refusal, RefusedError
-from magpie.redact import mask_route_info as _masked
+from magpie.base.redact import mask_route_info as _masked
 
 
 def _emit(as_json: bool, result) -> None:
@@ -362,7 +362,7 @@ def queue_respread(state: CliState, as_json: bool) -> None:
       MAGPIE_CHECK_INTERVAL=600 magpie queue respread --json
     """
     from magpie.cli.progress import progress
-    from magpie.leader import LeaderLock
+    from magpie.coordination.leader import LeaderLock
     from magpie.maintenance.interval import LOCK, respread_now
 
     q = state.queue

@@ -25,7 +25,7 @@ by +-50 % so many waiting scripts do not poll in step."""
 
 def lease_view(lease, now_ms: int) -> dict:
     """What ``claim`` prints for ``lease``: token, route, times (ms, s) and flags; credentials masked."""
-    from magpie.redact import mask_route_info as _masked
+    from magpie.base.redact import mask_route_info as _masked
     from magpie.queue.provider import lease_token
 
     return {"token": lease_token(lease), "member": lease.member, "lease_score": lease.lease_score,

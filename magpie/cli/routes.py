@@ -7,10 +7,11 @@ from datetime import datetime, timezone
 
 import click
 
+from magpie.base.protocols import PROTOCOLS
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, print_table
 
-PROTOCOL_CHOICE = click.Choice(["http", "https", "socks4", "socks5"])
+PROTOCOL_CHOICE = click.Choice(PROTOCOLS)
 
 
 FORMAT_CHOICE = click.Choice(["auto", "ip:port:user:pass", "ip:port:country:anonymity"])

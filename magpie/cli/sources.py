@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from magpie.cli.routes import PROTOCOL_CHOICE
 from magpie.cli.context import CliState, json_option, pass_state, user_errors
 from magpie.cli.output import echo_json, rows_table
 
@@ -29,7 +30,7 @@ def sources() -> None:
               type=click.Choice(["auto", "ip:port:user:pass", "ip:port:country:anonymity"]),
               help="What host:port:a:b lines mean (as `magpie import --format`).")
 @click.option("--protocol", default="http", show_default=True,
-              type=click.Choice(["http", "https", "socks4", "socks5"]), help="Scheme of lines without one.")
+              type=PROTOCOL_CHOICE, help="Scheme of lines without one.")
 @click.option("--browser", is_flag=True, help="Render the page in headless Chromium (lists built by script).")
 @click.option("--ignore-robots", is_flag=True, help="Fetch even where robots.txt disallows it.")
 @json_option

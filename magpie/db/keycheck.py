@@ -2,7 +2,7 @@
 
 Route hashes and stored credentials derive from the key, so a process running with another key would
 duplicate every route on import and fail to read credentials. The first use of a database records
-:func:`magpie.crypto.key_fingerprint` of the key in ``deployment_keys`` (one row); every later process
+:func:`magpie.base.crypto.key_fingerprint` of the key in ``deployment_keys`` (one row); every later process
 compares its own fingerprint with it and refuses to start on a difference (:class:`KeyMismatchError`).
 
 Before recording, the stored data is checked too: a database that already holds routes (created before
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from magpie.crypto import CredentialError, KeyMismatchError, get_keyring, key_fingerprint
+from magpie.base.crypto import CredentialError, KeyMismatchError, get_keyring, key_fingerprint
 from magpie.errors import MagpieError
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 SAMPLE_ROUTES = 20
 """Stored routes whose hashes are recomputed before a first fingerprint is recorded (one match suffices)."""

@@ -1,7 +1,8 @@
 """Schema management: create the database if missing and run the Alembic migrations.
 
-Alembic is configured in code (no ini file needed): ``script_location`` is the ``migrations`` directory
-next to this module, so it works from a checkout and from an installed package alike. These functions
+Alembic is configured in code (no ini file needed): ``script_location`` is the package's ``migrations``
+directory (``magpie/migrations``, which imports every package's models), so it works from a checkout and
+from an installed package alike. These functions
 back ``magpie db upgrade|downgrade|current|history|check`` and the test fixtures. The ``alembic.ini`` at
 the repository root serves the plain ``alembic`` tool; both run the same ``env.py``.
 """
@@ -17,7 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -90,7 +91,7 @@ def upgrade(url: str, revision: str = "head", *, encryption_key: str | None = No
     Raises:
         sqlalchemy.exc.OperationalError: the database is unreachable.
         alembic.util.exc.CommandError: ``revision`` is unknown.
-        magpie.crypto.KeyMismatchError: ``encryption_key`` is not the database's key (the schema is
+        magpie.base.crypto.KeyMismatchError: ``encryption_key`` is not the database's key (the schema is
             migrated all the same: migrations do not depend on the key).
     """
     command.upgrade(alembic_config(url), revision)

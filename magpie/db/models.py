@@ -1,6 +1,6 @@
 """SQLAlchemy 2 declarative models of magpie's durable data (docs/design.md, "Results and durable data").
 
-The schema itself is owned by the Alembic migrations in ``magpie/db/migrations``; these classes mirror it
+The schema itself is owned by the Alembic migrations in ``magpie/migrations``; these classes mirror it
 for queries and for ``alembic revision --autogenerate``. ``check_history`` is a PostgreSQL range-partitioned
 table on ``checked_at`` (its partitions, starting with ``check_history_default``, are created by migrations
 and maintenance, never by :meth:`MetaData.create_all`).
@@ -14,6 +14,8 @@ from datetime import datetime
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from magpie.base.protocols import sql_check
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -46,15 +48,15 @@ class Workspace(Base):
 
 
 class RouteRow(Base):
-    """One proxy route, unique by its keyed ``route_hash`` (see :meth:`magpie.crypto.Keyring.route_hash`).
+    """One proxy route, unique by its keyed ``route_hash`` (see :meth:`magpie.base.crypto.Keyring.route_hash`).
 
-    ``username_enc`` / ``password_enc`` hold Fernet tokens from :meth:`magpie.crypto.Keyring.encrypt`;
+    ``username_enc`` / ``password_enc`` hold Fernet tokens from :meth:`magpie.base.crypto.Keyring.encrypt`;
     plaintext credentials are never stored.
     """
 
     __tablename__ = "routes"
     __table_args__ = (
-        sa.CheckConstraint("protocol IN ('http', 'https', 'socks4', 'socks5')", name="protocol"),
+        sa.CheckConstraint(sql_check("protocol"), name="protocol"),
         sa.CheckConstraint("port BETWEEN 1 AND 65535", name="port"),
     )
 
@@ -178,7 +180,7 @@ class StatsLedger(Base):
 class DeploymentKey(Base):
     """The fingerprint of the ``PROXY_ENCRYPTION_KEY`` this database was first used with (one row, id 1).
 
-    ``fingerprint`` is :func:`magpie.crypto.key_fingerprint` of the key, never the key itself; every
+    ``fingerprint`` is :func:`magpie.base.crypto.key_fingerprint` of the key, never the key itself; every
     process compares its own key's fingerprint with it at start (see :mod:`magpie.db.keycheck`).
     """
 

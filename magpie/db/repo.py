@@ -6,7 +6,7 @@ one per row. Every write is idempotent (``ON CONFLICT DO
 NOTHING``), so a repeated or concurrent import of the same routes never duplicates or damages rows.
 
 Routes come back as :class:`RouteRecord` (id, hash, route, workspaces); turning one into a Redis schedule
-entry is the caller's business (:func:`magpie.importer.service.schedule_item`), so this storage layer
+entry is the caller's business (:func:`magpie.queue.payload.schedule_item`), so this storage layer
 knows nothing of the schedule.
 """
 
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.crypto import Keyring
-from magpie.routes import Route
+from magpie.base.crypto import Keyring
+from magpie.base.routes import Route
 
 IMPORT_CHUNK = 5000
 """Routes per statement/transaction in :func:`upsert_routes`."""
@@ -232,7 +232,7 @@ def latest_health(engine: Engine, workspace: str | None = None, keyring: Keyring
         ``checks_total``, ``alive_total`` (int; 0 when never checked), ``exit_ip`` and ``exit_country``
         (where the judge saw the route exit, None until a judge reported it).
     Raises:
-        magpie.crypto.CredentialError: ``keyring`` cannot decrypt a stored username.
+        magpie.base.crypto.CredentialError: ``keyring`` cannot decrypt a stored username.
     """
     sql = """
         SELECT r.id, r.route_hash, r.protocol, r.host, r.port, r.username_enc,
@@ -302,7 +302,7 @@ def all_route_records(
             default they are skipped, since nothing asks for them to be checked.
         batch: rows fetched per round trip.
     Raises:
-        magpie.crypto.CredentialError: stored credentials do not decrypt with ``keyring``.
+        magpie.base.crypto.CredentialError: stored credentials do not decrypt with ``keyring``.
 
     The generator holds a database connection until exhausted or closed.
     """

@@ -2,7 +2,7 @@
 
 Every pass (default every 60 s, ``MAGPIE_MAINTENANCE_CADENCES`` overrides it; leader-locked like every
 maintenance job, so one pass per cadence however many beats run) takes one chart sample
-(:func:`magpie.web.samples.take_sample`: cumulative check counters and the schedule's totals) and stores
+(:func:`magpie.observability.samples.take_sample`: cumulative check counters and the schedule's totals) and stores
 it in ``dashboard_snapshots``, then deletes snapshots older than
 ``MAGPIE_DASHBOARD_SNAPSHOT_RETENTION_DAYS``. The charts thus have history whether or not a ``magpie web``
 runs; the dashboard reads these rows first (:meth:`magpie.web.service.Dashboard.chart_points`) and its
@@ -34,7 +34,7 @@ class DashboardSnapshotJob(Job):
     description = "store one dashboard chart sample in PostgreSQL; drop samples past their retention"
 
     def run(self, ctx: JobContext) -> dict:
-        from magpie.web.samples import take_sample
+        from magpie.observability.samples import take_sample
 
         with ctx.engine.connect() as conn:
             if not table_exists(conn, "dashboard_snapshots"):
@@ -68,9 +68,9 @@ def read_snapshots(engine: Engine, limit: int) -> list[dict]:
 
 
 def history_points(samples: list[dict]) -> list[dict]:
-    """One chart point per stored sample (oldest first), in the shape of :func:`magpie.web.samples.series`:
+    """One chart point per stored sample (oldest first), in the shape of :func:`magpie.observability.samples.series`:
     the first has the schedule's gauges and no rates (there is no sample before it to subtract)."""
-    from magpie.web.samples import series
+    from magpie.observability.samples import series
 
     if not samples:
         return []

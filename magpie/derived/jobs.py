@@ -11,14 +11,14 @@ from magpie.maintenance.base import Job, JobContext
 
 
 class InstanceSweepJob(Job):
-    """Drop expired instance ids from the Redis index (:mod:`magpie.instances`) and report live counts."""
+    """Drop expired instance ids from the Redis index (:mod:`magpie.coordination.instances`) and report live counts."""
 
     name = "instance_sweep"
     every = 60.0
     description = "drop expired instance heartbeats from the index; count live instances per role"
 
     def run(self, ctx: JobContext) -> dict:
-        from magpie.instances import InstanceRegistry
+        from magpie.coordination.instances import InstanceRegistry
 
         dropped, live = InstanceRegistry(ctx.redis, ctx.settings.redis_prefix).sweep()
         ctx.tick()
@@ -28,6 +28,6 @@ class InstanceSweepJob(Job):
 INSTANCE_SWEEP = InstanceSweepJob()
 
 JOBS: tuple[Job, ...] = (reputation.JOB, *rollups.JOBS, *retention.JOBS, INSTANCE_SWEEP)
-"""Every job of this package (registered in :data:`magpie.maintenance.registry.JOBS`)."""
+"""Every job of this package (registered in :data:`magpie.wiring.jobs.JOBS`)."""
 
 __all__ = ["INSTANCE_SWEEP", "JOBS", "InstanceSweepJob"]

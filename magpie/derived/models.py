@@ -149,7 +149,7 @@ class WorkspaceUsage(Base):
 
 class DashboardSnapshot(Base):
     """One stored chart sample of the dashboard (job ``dashboard_snapshot``, migration ``0012``): the
-    cumulative counters and schedule totals of :func:`magpie.web.samples.take_sample` as JSON."""
+    cumulative counters and schedule totals of :func:`magpie.observability.samples.take_sample` as JSON."""
 
     __tablename__ = "dashboard_snapshots"
     __table_args__ = (sa.Index("ix_dashboard_snapshots_taken_at", "taken_at"),)

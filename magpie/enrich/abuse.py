@@ -98,7 +98,7 @@ class AbuseIPDBClient:
     def __init__(self, settings, *, clock=time.monotonic):
         if not settings.abuse_api_key:
             raise ValueError("MAGPIE_ABUSE_API_KEY is not set")
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         self.url = settings.abuse_api_url
         self._key = settings.abuse_api_key

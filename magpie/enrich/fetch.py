@@ -1,7 +1,7 @@
 """One HTTP GET through the egress guard, for blacklist URLs and the abuse-reputation provider.
 
 The URL must be ``http`` or ``https`` with a host and no credentials. Its host is resolved (an IP literal is
-taken as is) and every resolved address is checked by :class:`magpie.egress.EgressPolicy` with
+taken as is) and every resolved address is checked by :class:`magpie.base.egress.EgressPolicy` with
 ``MAGPIE_ENRICH_ALLOW_PRIVATE``; the request connects to an address that passed (no second lookup), with
 ``Host`` and the TLS server name set to the URL's host, certificates verified against certifi's bundle.
 Redirects are not followed; the body is read up to a byte limit.
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 
-from magpie.egress import EgressPolicy
+from magpie.base.egress import EgressPolicy
 from magpie.errors import MagpieError
 
 USER_AGENT = "magpie-enrich/1"

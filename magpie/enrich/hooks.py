@@ -12,7 +12,7 @@ import logging
 import os
 
 from celery import signals
-from magpie import redisconn
+from magpie.base import redisconn
 
 log = logging.getLogger(__name__)
 _started: dict[str, int | None] = {"pid": None}

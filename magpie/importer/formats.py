@@ -36,13 +36,12 @@ import csv
 import json
 import re
 
-from magpie.routes import Route
+from magpie.base.protocols import SCHEME_WORDS
+from magpie.base.routes import Route
 
 FORMATS = ("auto", "ip:port:user:pass", "ip:port:country:anonymity")
 """Values of ``fmt``: what the two fields after ``host:port:`` are (``auto``: refuse when unsure)."""
 
-_SCHEME_WORDS = {"http": "http", "https": "https", "socks4": "socks4", "socks4a": "socks4", "socks5": "socks5",
-                 "socks5h": "socks5"}
 _ANONYMITY = frozenset({
     "elite", "elite proxy", "high", "high anonymous", "high-anonymous", "highanonymous", "high_anonymity",
     "hia", "anonymous", "anon", "anm", "transparent", "noa", "distorting", "level1", "level2", "level3",
@@ -160,7 +159,7 @@ class LineReader:
             protocol = None
         scheme = self.protocol
         if protocol and protocol.strip():
-            scheme = _SCHEME_WORDS.get(protocol.strip().lower())
+            scheme = SCHEME_WORDS.get(protocol.strip().lower())
             if scheme is None:
                 raise self._error(f"unknown protocol {protocol.strip()[:40]!r}")
         return Route(scheme, host, int(text), user or None, password if user else None)
@@ -177,7 +176,7 @@ class LineReader:
         obj = {str(k).lower(): v for k, v in obj.items()}
         protocol = next((obj[k] for k in _JSON_PROTOCOL if obj.get(k) not in (None, "", [])), None)
         if isinstance(protocol, list):
-            known = [p for p in protocol if isinstance(p, str) and p.strip().lower() in _SCHEME_WORDS]
+            known = [p for p in protocol if isinstance(p, str) and p.strip().lower() in SCHEME_WORDS]
             protocol = known[0] if known else str(protocol[0])
         user = next((obj[k] for k in ("username", "user", "login") if obj.get(k)), None)
         password = next((obj[k] for k in ("password", "pass") if obj.get(k) is not None), None)
@@ -288,5 +287,5 @@ class LineReader:
             return None
         if "://" in host or "@" in host:
             return None
-        protocol = next((c for c in cols[2:] if c.lower() in _SCHEME_WORDS), None)
+        protocol = next((c for c in cols[2:] if c.lower() in SCHEME_WORDS), None)
         return self._route(host, cols[1], protocol)

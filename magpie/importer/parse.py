@@ -1,15 +1,15 @@
-"""Parse the proxy lists people publish and trade into :class:`~magpie.routes.Route` values.
+"""Parse the proxy lists people publish and trade into :class:`~magpie.base.routes.Route` values.
 
 Address forms (the first column of a line)::
 
     host:port                         user:pass@host:port          user@host:port (password None)
     host:port:user:pass               scheme://host:port           scheme://user:pass@host:port
 
-``scheme`` is ``http``, ``https``, ``socks4``, ``socks5`` in any case; ``socks4a`` is read as ``socks4`` and
-``socks5h`` as ``socks5``. One trailing ``/`` after a scheme form is allowed. Credentials in the scheme and
+``scheme`` is a protocol of :mod:`magpie.base.protocols` or one of its aliases, in any case (``socks4a`` is
+read as ``socks4``, ``socks5h`` as ``socks5``: :data:`~magpie.base.protocols.SCHEME_WORDS`). One trailing ``/`` after a scheme form is allowed. Credentials in the scheme and
 ``user:pass@`` forms are percent-decoded; the ``host:port:user:pass`` form is taken literally. Hosts are IPv4,
 bracketed IPv6 (``[2001:db8::1]:8080``, in every form) or host names, normalised by
-:func:`magpie.routes.normalize_host`; an unbracketed IPv6 address is refused as ambiguous. The ``:user:pass``
+:func:`magpie.base.routes.normalize_host`; an unbracketed IPv6 address is refused as ambiguous. The ``:user:pass``
 suffix is also read after a scheme form without ``@``. A line without a scheme takes ``default_protocol``.
 
 Columns: the first column ends at the first whitespace, ``;`` or ``,``; everything after it (country codes,
@@ -65,19 +65,11 @@ from urllib.parse import unquote
 
 from magpie.errors import MagpieError
 from magpie.importer.lines import read_lines, segments, split_lines
-from magpie.routes import PROTOCOLS, Route, normalize_host
+from magpie.base.protocols import PROTOCOLS, SCHEME_WORDS
+from magpie.base.routes import Route, normalize_host
 
 __all__ = ["InvalidLine", "ParseError", "ParseResult", "Refuse", "parse_file", "parse_line", "parse_lines", "read_lines",
            "split_lines"]
-
-_SCHEMES = {
-    "http": "http",
-    "https": "https",
-    "socks4": "socks4",
-    "socks4a": "socks4",
-    "socks5": "socks5",
-    "socks5h": "socks5",
-}
 
 _FIRST_COLUMN = re.compile(r"[^\s;,]*")
 _BRACKET_ATTEMPT = re.compile(r"\[[^\]]*:")
@@ -167,7 +159,7 @@ def _is_bare_ipv6(hostport: str) -> bool:
 
 
 def _normalize_host(host: str) -> str:
-    """:func:`magpie.routes.normalize_host`, skipping it for hosts that are already canonical."""
+    """:func:`magpie.base.routes.normalize_host`, skipping it for hosts that are already canonical."""
     if _CANONICAL_IPV4.fullmatch(host) or _CANONICAL_NAME.fullmatch(host):
         return host
     if host[:1] == "[" and host[-1:] == "]" and _HEX_COLON_ONLY.fullmatch(host, 1, len(host) - 1):
@@ -229,7 +221,7 @@ def _parse_address(column: str, default_protocol: str) -> Route:
     sep = column.find("://")
     if sep >= 0:
         raw_scheme = column[:sep]
-        scheme = _SCHEMES.get(raw_scheme.lower())
+        scheme = SCHEME_WORDS.get(raw_scheme.lower())
         if scheme is None:
             raise ParseError(f"unknown scheme {_short(raw_scheme)!r}")
         protocol = scheme
@@ -367,7 +359,7 @@ def parse_line(text: str, default_protocol: str = "http", fmt: str = "auto") -> 
 
     Args:
         text: the line, with or without its line ending.
-        default_protocol: protocol for an address without a scheme; one of :data:`magpie.routes.PROTOCOLS`.
+        default_protocol: protocol for an address without a scheme; one of :data:`magpie.base.protocols.PROTOCOLS`.
         fmt: as in :func:`parse_lines` (a line alone has no header: CSV rows need :func:`parse_lines`).
 
     Returns:

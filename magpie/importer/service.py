@@ -11,9 +11,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from magpie.config import Settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.errors import MagpieError
 from magpie.importer.parse import Refuse, parse_file
+from magpie.queue.payload import schedule_item
 
 CHUNK = 5000
 
@@ -69,7 +70,7 @@ def egress_refusal(settings: Settings) -> Refuse:
     host names pass here and are checked after resolution, before any connection. Cached per host.
     Raises ``ValueError`` for a malformed setting.
     """
-    from magpie.egress import EgressPolicy, EgressRefused
+    from magpie.base.egress import EgressPolicy, EgressRefused
 
     policy = EgressPolicy(settings.check_allow_private, "MAGPIE_CHECK_ALLOW_PRIVATE")
     seen: dict[str, str | None] = {}
@@ -88,23 +89,6 @@ def egress_refusal(settings: Settings) -> Refuse:
         return seen.get(host)
 
     return refuse
-
-
-def schedule_item(record, cipher=None) -> tuple[str, str]:
-    """The schedule entry of a stored route, as :meth:`magpie.queue.RouteQueue.schedule` takes it.
-
-    Args:
-        record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
-        cipher: a :class:`magpie.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
-            pass :func:`magpie.queue.payload.write_cipher` of the settings
-            (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``).
-    Returns:
-        ``(route_hash, payload JSON text)`` (see :mod:`magpie.queue.payload`).
-    """
-    from magpie.queue.payload import Payload
-
-    payload = Payload(record.route_id, record.route, record.route_hash, list(record.workspace_ids))
-    return record.route_hash.strip(), payload.encode(cipher)
 
 
 class SchemaMissing(MagpieError, RuntimeError):
@@ -144,7 +128,7 @@ def import_file(path, workspace: str, settings: Settings, *, protocol: str = "ht
     ``workspace``.
 
     Args:
-        protocol: scheme for lines without one (http, https, socks4, socks5).
+        protocol: scheme for lines without one (one of :data:`magpie.base.protocols.PROTOCOLS`).
         fmt: what ``host:port:a:b`` means (:data:`magpie.importer.formats.FORMATS`; ``auto`` refuses the
             line when a field looks like a country or anonymity code).
         progress: called as ``progress(done, total)`` after each chunk of routes is stored and scheduled.
@@ -236,7 +220,7 @@ def _schedule_refusal(queue, exc: BaseException) -> str:
     """One line for a failed schedule write, naming Redis's memory state when Redis refused it."""
     client = getattr(queue, "r", None)
     if client is not None:
-        from magpie.redis_policy import refusal_line
+        from magpie.queue.redis_policy import refusal_line
 
         return refusal_line(client, exc)
     first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]

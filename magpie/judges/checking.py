@@ -30,7 +30,7 @@ from magpie.judges.cache import ConfigCache
 from magpie.judges.dns import DnsCache
 from magpie.judges.plan import Defaults, JudgePools, PlanCache, Variant
 from magpie.judges.store import JudgeInfo, profile_bounds
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ class ProfiledEngine:
         settings: :class:`magpie.config.Settings` (defaults, failovers, bounds, egress, CA bundle).
         cache: the process's :class:`ConfigCache` (started by the caller).
         dns: the shared DNS cache (default: one from the settings).
-        limiter: the process's judge :class:`magpie.ratelimit.BlockLimiter` (None: judges unlimited);
+        limiter: the process's judge :class:`magpie.coordination.ratelimit.BlockLimiter` (None: judges unlimited);
             a judge's rate is its ``rate`` column, else ``MAGPIE_JUDGE_RATE``.
     """
 
     def __init__(self, settings, cache: ConfigCache, dns: DnsCache | None = None, limiter=None) -> None:
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         c = settings.checks
         self.settings = settings
@@ -207,7 +207,7 @@ def profiled_engine(settings, engine, redis, *, subscribe: bool = True) -> Profi
     holder: dict = {}
     cache = ConfigCache(engine, redis, settings.redis_prefix, reconcile_s=settings.config_reconcile_seconds,
                         subscribe=subscribe, extra_stats=lambda: holder["e"].stats() if "e" in holder else {})
-    from magpie.ratelimit import BlockLimiter
+    from magpie.coordination.ratelimit import BlockLimiter
 
     limiter = BlockLimiter(redis, settings.redis_prefix, "judge", block=settings.judge_rate_block)
     holder["e"] = eng = ProfiledEngine(settings, cache, limiter=limiter)

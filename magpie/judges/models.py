@@ -27,7 +27,7 @@ class Judge(Base):
     """A judge URL of a pool.
 
     ``scheme`` is the URL's (``http``/``https``); ``rule`` what a valid answer is (``echo``, ``status``,
-    ``contains:<text>``, see :mod:`magpie.judges.rules`); ``healthy`` / ``last_error`` the refresh job's
+    ``contains:<text>``, see :mod:`magpie.checker.rules`); ``healthy`` / ``last_error`` the refresh job's
     last verdict; ``addresses`` the host name's resolved addresses (JSON list) until ``addresses_until``.
     """
 

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from magpie.base.protocols import prefers_tls_judge
 from magpie.judges.store import JudgeInfo, Profile, Snapshot
 
 GLOBAL = "global"
@@ -148,7 +149,7 @@ class JudgePools:
         """The judge to try first (round robin among the healthy judges of the preferred scheme); the
         common case of :meth:`candidates`, without building the whole list."""
         if not self._down:
-            for i, tier in enumerate(self._tiers(pool, protocol == "https")):
+            for i, tier in enumerate(self._tiers(pool, prefers_tls_judge(protocol))):
                 if tier:
                     if len(tier) == 1:
                         return tier[0]
@@ -164,7 +165,7 @@ class JudgePools:
             del down[jid]
         out: list[JudgeInfo] = []
         later: list[JudgeInfo] = []
-        for i, tier in enumerate(self._tiers(pool, protocol == "https")):
+        for i, tier in enumerate(self._tiers(pool, prefers_tls_judge(protocol))):
             if len(tier) > 1:
                 n = next(self._rr.setdefault((pool, i), itertools.count())) % len(tier)
                 tier = tier[n:] + tier[:n]

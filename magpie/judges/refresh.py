@@ -25,7 +25,7 @@ async def probe_judge(url: str, rule: str, settings) -> tuple[bool, str | None, 
     """``(ok, reason, addresses)`` of one direct probe of the judge at ``url`` (see the module doc)."""
     from magpie.checker.engine import CheckEngine
     from magpie.checker.tls import judge_ssl_context
-    from magpie.egress import EgressPolicy, is_ip_literal
+    from magpie.base.egress import EgressPolicy, is_ip_literal
 
     host = urlsplit(url).hostname or ""
     addresses: list[str] | None = None

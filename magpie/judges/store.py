@@ -17,8 +17,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.errors import MagpieError
-from magpie.judges.rules import DEFAULT_RULE, validate_rule
-from magpie.routes import PROTOCOLS
+from magpie.checker.rules import DEFAULT_RULE, validate_rule
+from magpie.base.protocols import PROTOCOLS
 
 log = logging.getLogger(__name__)
 
@@ -141,10 +141,10 @@ def add_judge(engine: Engine, url: str, *, workspace: str | None = None, rule: s
               enabled: bool = True, redis=None, prefix: str = "", egress=None, rate: float | None = None) -> dict:
     """Add a judge to the global pool (``workspace`` None) or a workspace's; returns its row as a dict.
 
-    ``egress``: the checks' :class:`magpie.egress.EgressPolicy`; a judge it refuses without resolving (a
+    ``egress``: the checks' :class:`magpie.base.egress.EgressPolicy`; a judge it refuses without resolving (a
     private IP literal, ``localhost``) is refused here, not at the first check.
 
-    Raises ``ValueError`` (bad URL or rule), :class:`magpie.egress.EgressRefused` (a host the checks may
+    Raises ``ValueError`` (bad URL or rule), :class:`magpie.base.egress.EgressRefused` (a host the checks may
     not dial), :class:`MagpieError` (unknown workspace, URL already there). ``rate``: requests per
     second the judge takes from the deployment (None: ``MAGPIE_JUDGE_RATE``; 0: unlimited)."""
     url = validate_judge_url(url)

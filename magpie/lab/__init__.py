@@ -1,10 +1,10 @@
 """Local judge and proxy servers on loopback, for demos and tests (``magpie lab``).
 
 The lab only ever dials loopback: importing it sets ``MAGPIE_EGRESS_ONLY`` to ``127.0.0.0/8,::1`` for
-this process and its children (unless already set) and installs the socket guard (:mod:`magpie.egress`).
+this process and its children (unless already set) and installs the socket guard (:mod:`magpie.base.egress`).
 """
 
-from magpie.egress import restrict_to_loopback
+from magpie.base.egress import restrict_to_loopback
 
 restrict_to_loopback()
 

@@ -18,7 +18,7 @@ import ipaddress
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-from magpie.egress import egress_only_refusal, is_ip_literal
+from magpie.base.egress import egress_only_refusal, is_ip_literal
 
 VIA_VALUE = "1.1 magpie-lab"
 _HOP_BY_HOP = frozenset(

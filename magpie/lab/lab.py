@@ -40,7 +40,7 @@ from magpie.checker.check import new_event_loop
 from magpie.checker.judge import server_url, start_judge
 from magpie.lab.forward import ForwardProxy, is_loopback_host
 from magpie.lab.net import LabError, bindable, wait_accepting
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 DEFAULT_BASE_PORT = 18080
 DEFAULT_JUDGE_PORT = 8899

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from magpie.routes import PROTOCOLS
+from magpie.base.protocols import PROTOCOLS
 
 
 def population_lines(address: str, n: int, protocol: str = "http", start: int = 0) -> list[str]:
@@ -25,7 +25,7 @@ def population_lines(address: str, n: int, protocol: str = "http", start: int = 
     Args:
         address: ``"host:port"`` (IPv6 bracketed).
         n: number of lines (>= 0).
-        protocol: one of :data:`magpie.routes.PROTOCOLS`.
+        protocol: one of :data:`magpie.base.protocols.PROTOCOLS`.
         start: first index; disjoint index ranges give disjoint routes.
 
     Returns:
@@ -51,7 +51,7 @@ def spread_lines(addresses: Sequence[str], n: int, protocols: Sequence[str] = ("
     Args:
         addresses: one or more ``"host:port"``.
         n: number of lines (>= 0).
-        protocols: one or more of :data:`magpie.routes.PROTOCOLS`.
+        protocols: one or more of :data:`magpie.base.protocols.PROTOCOLS`.
         start: first user index.
 
     Returns a list of ``n`` str lines. Raises ValueError for an empty ``addresses``/``protocols``, an

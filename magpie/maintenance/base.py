@@ -9,7 +9,7 @@ that stops early reports ``"complete": False`` and, where order matters, keeps a
 
 Writes of a pass carry the leader lock's fencing token (:attr:`JobContext.generation`): the saved state
 and every batch of :func:`batched_delete` call :meth:`JobContext.fence` in their transaction, so a pass
-that goes on after a newer leader started is refused (:class:`magpie.fencing.StaleLeader`) instead of
+that goes on after a newer leader started is refused (:class:`magpie.coordination.fencing.StaleLeader`) instead of
 writing over it.
 """
 
@@ -76,10 +76,10 @@ class JobContext:
         return self.stop_reason() is not None
 
     def fence(self, conn: sa.Connection) -> None:
-        """Check this pass's fencing token inside ``conn``'s transaction (:func:`magpie.fencing.fence`).
+        """Check this pass's fencing token inside ``conn``'s transaction (:func:`magpie.coordination.fencing.fence`).
 
-        Raises :class:`magpie.fencing.StaleLeader` when a newer leader of the job's lock has written."""
-        from magpie.fencing import fence
+        Raises :class:`magpie.coordination.fencing.StaleLeader` when a newer leader of the job's lock has written."""
+        from magpie.coordination.fencing import fence
 
         fence(conn, self.fence_name, self.generation)
 

@@ -8,7 +8,7 @@
 * ``route_daily`` rows older than ``MAGPIE_DAILY_RETENTION_DAYS`` are deleted in batches.
 
 There are no snapshot or timeline tables in magpie yet: history retention (here), body retention
-(:mod:`magpie.maintenance.bodies`) and replay-ledger retirement (:mod:`magpie.maintenance.ledger`) cover
+(:mod:`magpie.maintenance.bodies`) and replay-ledger retirement (:mod:`magpie.stats.ledger`) cover
 the time-series data that exists.
 """
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import redis as redis_lib
 from sqlalchemy.engine import Engine
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.maintenance.base import Job, JobContext
 from magpie.maintenance.marker import mark_bootstrapped, marker_key, needs_rebuild, owned_routes  # noqa: F401
 
@@ -58,14 +58,13 @@ def rebuild_schedule(
         plus ``"profile_cadences"`` (check profiles whose cadence was written back) on the Redis schedule;
         ``ran`` is False (and ``reason`` set) when another process holds the lock.
     Raises:
-        magpie.crypto.CredentialError: stored credentials do not decrypt with ``PROXY_ENCRYPTION_KEY``.
+        magpie.base.crypto.CredentialError: stored credentials do not decrypt with ``PROXY_ENCRYPTION_KEY``.
         sqlalchemy.exc.DBAPIError / redis.RedisError: a store is unavailable (scheduled chunks stay;
             re-running finishes the job).
     """
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import all_route_records
-    from magpie.importer.service import schedule_item
-    from magpie.queue.payload import write_cipher
+    from magpie.queue.payload import schedule_item, write_cipher
     from magpie.queue.provider import create_provider
 
     if engine is None:
@@ -76,7 +75,7 @@ def rebuild_schedule(
         redis = redis or redisconn.connect(settings.redis_url)
         queue = create_provider(settings.schedule_url, settings, redis_client=redis)
     if lock:
-        from magpie.leader import LeaderLock
+        from magpie.coordination.leader import LeaderLock
 
         with LeaderLock(
             queue.redis, settings.redis_prefix, LOCK, int(settings.maintenance_lock_ttl * 1000)

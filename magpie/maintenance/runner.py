@@ -7,7 +7,7 @@ then record success (``last_success_at``, ``last_result``) or failure (``failure
 the job stops at its next batch boundary.
 
 One leader at a time: every run record (start, success, failure) and the job's fenced writes carry the
-lock's generation (:mod:`magpie.fencing`); a pass whose generation is older than one already recorded
+lock's generation (:mod:`magpie.coordination.fencing`); a pass whose generation is older than one already recorded
 (a newer leader ran meanwhile) is refused and reports ``skipped`` with reason ``fenced``. Beat-triggered
 passes (``once_per_slot``) run once per cadence slot, ``floor(redis time / cadence)``: the first pass
 to hold the lock records the slot with ``SET NX`` (key ``<prefix>leader:<lock>:slot:<n>``), and a second
@@ -19,16 +19,17 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 import redis as redis_lib
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import MagpieError
-from magpie.fencing import StaleLeader, fence
-from magpie.leader import LeaderLock, locks_held
+from magpie.coordination.fencing import StaleLeader, fence
+from magpie.coordination.leader import LeaderLock, locks_held
 from magpie.maintenance.base import Job, JobContext
 
 log = logging.getLogger(__name__)
@@ -52,20 +53,6 @@ _FAILURE = """
 """
 
 
-def resolve(job: str | Job) -> Job:
-    """The registered :class:`Job` named ``job`` (a :class:`Job` instance is returned as is).
-
-    Raises ``KeyError`` with the known names for an unknown job."""
-    if isinstance(job, Job):
-        return job
-    from magpie.maintenance.registry import JOBS
-
-    try:
-        return JOBS[job]
-    except KeyError:
-        raise KeyError(f"unknown maintenance job {job!r}; known: {', '.join(JOBS)}") from None
-
-
 _SKIP_REASONS = {
     "held": "another process holds the leader lock",
     "restarting": "Redis started moments ago: waiting for a former leader to notice",
@@ -81,7 +68,7 @@ def cadence_of(settings, job: Job) -> float:
 
 def slot_key(prefix: str, lock: str, slot: int) -> str:
     """Redis key recording that cadence slot ``slot`` of the lock ``lock`` ran."""
-    from magpie.leader import slot_key as key
+    from magpie.coordination.leader import slot_key as key
 
     return key(prefix, lock, slot)
 
@@ -89,15 +76,15 @@ def slot_key(prefix: str, lock: str, slot: int) -> str:
 def claim_slot(redis: redis_lib.Redis, prefix: str, job: Job, cadence: float,
                generation: int | None) -> bool:
     """Record that this pass runs ``job``'s current cadence slot (``SET NX``, Redis clock); False when a
-    pass already ran it (:func:`magpie.leader.claim_cadence_slot`). Raises ``redis.RedisError`` when
+    pass already ran it (:func:`magpie.coordination.leader.claim_cadence_slot`). Raises ``redis.RedisError`` when
     Redis is unreachable."""
-    from magpie.leader import claim_cadence_slot
+    from magpie.coordination.leader import claim_cadence_slot
 
     return claim_cadence_slot(redis, prefix, job.lock, cadence, generation) is not None
 
 
 def run_job(
-    job: str | Job,
+    job: Job,
     settings,
     *,
     engine: Engine | None = None,
@@ -111,7 +98,7 @@ def run_job(
     """Run one pass of ``job`` now, under its leader lock.
 
     Args:
-        job: job name (see :data:`magpie.maintenance.registry.JOBS`) or a :class:`Job`.
+        job: the :class:`Job` (by name: :func:`magpie.wiring.jobs.run_job`).
         settings: :class:`magpie.config.Settings`.
         engine / redis: default: the process-wide engine on ``MAGPIE_DATABASE_URL`` / a client on
             ``MAGPIE_REDIS_URL``.
@@ -126,10 +113,8 @@ def run_job(
         ``reason``): another process holds the lock, Redis started moments ago, the slot already ran,
         or the pass was fenced by a newer leader; nothing more is recorded. ``error``: the pass raised
         (recorded as a failure and logged; not re-raised).
-    Raises:
-        KeyError: unknown job name.
     """
-    j = resolve(job)
+    j = job
     if engine is None:
         from magpie.db.session import get_engine
 
@@ -225,11 +210,9 @@ def run_job(
         return out
 
 
-def run_all(settings, **kw) -> list[dict]:
-    """One pass of every registered job, in registry order (see :func:`run_job`; same keywords)."""
-    from magpie.maintenance.registry import JOBS
-
-    return [run_job(name, settings, **kw) for name in JOBS]
+def run_all(settings, jobs: Iterable[Job], **kw) -> list[dict]:
+    """One pass of every job of ``jobs``, in their order (see :func:`run_job`; same keywords)."""
+    return [run_job(j, settings, **kw) for j in jobs]
 
 
 def read_job_status(engine: Engine) -> list[dict]:
@@ -258,19 +241,20 @@ def read_job_status(engine: Engine) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis | None = None) -> list[dict]:
-    """Status of every registered job for operators (``magpie maintenance status``).
+def job_status(settings, jobs: Iterable[Job], *, engine: Engine | None = None,
+               redis: redis_lib.Redis | None = None) -> list[dict]:
+    """Status of every job of ``jobs`` for operators (``magpie maintenance status``).
 
     Returns:
-        One dict per job in registry order: ``job``, ``description``, ``every_s`` (effective cadence,
+        One dict per job in the order of ``jobs``: ``job``, ``description``, ``every_s`` (effective cadence,
         seconds; 0 = not scheduled), ``leader_active`` (bool | None when Redis is unreachable), plus the
         :func:`read_job_status` fields (None / 0 for a job that never ran).
     Raises:
         sqlalchemy.exc.DBAPIError: database unavailable.
     """
     from magpie.config import parse_cadences
-    from magpie.maintenance.registry import JOBS
 
+    jobs = list(jobs)
     if engine is None:
         from magpie.db.session import get_engine
 
@@ -280,9 +264,9 @@ def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis
     rows = {r["job"]: r for r in read_job_status(engine)}
     cadences = parse_cadences(settings.maintenance_cadences)
     try:
-        held: list = locks_held(redis, settings.redis_prefix, [j.lock for j in JOBS.values()])
+        held: list = locks_held(redis, settings.redis_prefix, [j.lock for j in jobs])
     except redis_lib.RedisError:
-        held = [None] * len(JOBS)
+        held = [None] * len(jobs)
     out = []
     empty = {
         "last_started_at": None,
@@ -296,16 +280,16 @@ def job_status(settings, *, engine: Engine | None = None, redis: redis_lib.Redis
         "runs_total": 0,
         "failures_total": 0,
     }
-    for (name, j), h in zip(JOBS.items(), held):
+    for j, h in zip(jobs, held):
         d = {
-            "job": name,
+            "job": j.name,
             "description": j.description,
-            "every_s": cadences.get(name, j.every),
+            "every_s": cadences.get(j.name, j.every),
             "leader_active": h,
         }
-        d.update({k: v for k, v in rows.get(name, empty).items() if k != "job"})
+        d.update({k: v for k, v in rows.get(j.name, empty).items() if k != "job"})
         out.append(d)
     return out
 
 
-__all__ = ["job_status", "read_job_status", "resolve", "run_all", "run_job"]
+__all__ = ["job_status", "read_job_status", "run_all", "run_job"]

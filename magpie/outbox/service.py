@@ -4,7 +4,7 @@
   when the business change that caused it committed (alert transition, invitation).
 * :func:`send_one` claims one due row (``FOR UPDATE SKIP LOCKED`` + a fresh claim token, committed before
   sending), sends it over SMTP (:mod:`magpie.outbox.smtp`) and records the outcome with the token.
-  Failures are retried on the :class:`~magpie.backoff.Backoff` curve (``MAGPIE_EMAIL_BACKOFF_*``, equal
+  Failures are retried on the :class:`~magpie.base.backoff.Backoff` curve (``MAGPIE_EMAIL_BACKOFF_*``, equal
   jitter) until ``max_attempts``; a permanent SMTP refusal fails the row at once.
 * :func:`run_outbox_workers` runs ``MAGPIE_EMAIL_WORKERS`` threads of :func:`send_one` in parallel.
 * :func:`housekeeping` (run by :func:`run_housekeeping` under the ``outbox-housekeeping`` leader lock)
@@ -31,7 +31,7 @@ from email.utils import parseaddr
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 from magpie.claims import Claim, ClaimTable, Outcome, retry_curve, run_workers
 from magpie.outbox.smtp import PermanentSmtpError, SmtpError, build_message, send_message
 
@@ -199,10 +199,10 @@ def run_housekeeping(redis_client, engine: Engine, settings, *, now: datetime | 
     """:func:`housekeeping` under the Redis leader lock ``<prefix>leader:outbox-housekeeping``.
 
     ``once_per_slot`` (beat triggers): run only if no pass ran the current slot of
-    ``MAGPIE_OUTBOX_HOUSEKEEPING_INTERVAL`` seconds yet (:func:`magpie.leader.claim_cadence_slot`).
+    ``MAGPIE_OUTBOX_HOUSEKEEPING_INTERVAL`` seconds yet (:func:`magpie.coordination.leader.claim_cadence_slot`).
     Returns ``None`` when another instance holds the lock or the slot already ran (nothing done).
     """
-    from magpie.leader import LeaderLock, claim_cadence_slot
+    from magpie.coordination.leader import LeaderLock, claim_cadence_slot
 
     lock = LeaderLock(redis_client, settings.redis_prefix, "outbox-housekeeping", ttl_ms)
     with lock.hold() as lost:

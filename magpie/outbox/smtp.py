@@ -19,7 +19,7 @@ import ssl
 from email.message import EmailMessage
 from email.utils import format_datetime, formatdate
 
-from magpie.egress import EgressRefused, check_dial
+from magpie.base.egress import EgressRefused, check_dial
 from magpie.errors import MagpieError
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.queue.keys import QueueKeys
 
 

@@ -31,13 +31,13 @@ class StreamTarget:
     @classmethod
     def from_settings(cls, settings, tagged: bool | None = None) -> StreamTarget:
         """The deployment's results stream: ``<prefix>stats:results`` (``<prefix>{default}:stats:results``
-        on a Redis Cluster, see :func:`magpie.stats.keys.stats_base`), the stats consumer group, the bound
+        on a Redis Cluster, see :func:`magpie.queue.streams.stats_base`), the stats consumer group, the bound
         ``MAGPIE_STATS_STREAM_MAXLEN`` and the policy ``MAGPIE_STATS_OVERFLOW``. The one place the
         stream's bound is read; ``settings`` is a :class:`magpie.config.Settings`; ``tagged`` None: True
         when ``MAGPIE_REDIS_URL`` names a cluster. A partitioned schedule re-aims this target at each
         partition's own stream."""
-        from magpie.redisconn import is_cluster_url
-        from magpie.stats.keys import GROUP, stream_key
+        from magpie.base.redisconn import is_cluster_url
+        from magpie.queue.streams import GROUP, stream_key
 
         st = settings.stream
         if tagged is None:

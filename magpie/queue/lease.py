@@ -26,7 +26,7 @@ class Lease:
         claimed_ms: when the claim returned (Unix ms, the claiming process's clock); 0 when unknown.
         dispatched_ms: when its check message was sent (Unix ms, the dispatching process's clock); 0 when
             unknown. With the pool's own stamps (received, admitted, started) these give the lease's
-            claim-to-start time (:mod:`magpie.checkpool`); across hosts they carry the hosts' clock skew.
+            claim-to-start time (:mod:`magpie.pipeline.checkpool`); across hosts they carry the hosts' clock skew.
     The cancellation token (:meth:`cancel`, :attr:`cancelled`) is process-local and not serialised.
     """
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from magpie import redisconn
-from magpie.crypto import QueueCipher
+from magpie.base import redisconn
+from magpie.base.crypto import QueueCipher
 from magpie.queue.payload import PayloadError, PayloadKeyError, transcode
 from magpie.queue.scripts import script_text
 
@@ -32,7 +32,7 @@ def migrate_payloads(queue, cipher: QueueCipher, *, encrypt: bool, batch: int = 
 
     Args:
         queue: a :class:`magpie.queue.RouteQueue`.
-        cipher: :attr:`magpie.crypto.Keyring.queue` of ``PROXY_ENCRYPTION_KEY`` (seals, and opens for
+        cipher: :attr:`magpie.base.crypto.Keyring.queue` of ``PROXY_ENCRYPTION_KEY`` (seals, and opens for
             ``encrypt=False``).
         batch: payload keys per SCAN step and per script call (1..10000).
         retries: re-reads of a payload that changed between the read and the conditional write.

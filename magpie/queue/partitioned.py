@@ -16,7 +16,7 @@ Cluster). :class:`PartitionedSchedule` implements the whole :class:`~magpie.queu
   (docs/design.md, invariant 7). A ``max_inflight`` cap is deployment-wide: the live leases of every
   partition are summed first and each partition's ``pop.lua`` is capped at its own live count plus its
   share, atomically; two claimers at once can overshoot the cap by at most what they asked together of
-  different partitions in the same instant (promote claims under its budget, see :mod:`magpie.cycle`).
+  different partitions in the same instant (promote claims under its budget, see :mod:`magpie.pipeline.promote`).
 
 Deployment-wide side state (engine capacity, promote's budget, leader locks, the interval job's state, the
 rebuild marker, the partition layout record) lives in ONE place: the ``{default}`` tag, as on one partition.
@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Sequence
 
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import Refusal
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.keys import QueueKeys

@@ -7,7 +7,7 @@ Wire form: JSON with short keys, no spaces, in one of two versions read side by 
 
 ``v`` payload format version, ``id`` PostgreSQL route id, ``p`` protocol, ``h`` host, ``o`` port,
 ``u``/``s`` username/password in plaintext (version 1; absent when none), ``c`` both credentials sealed by
-:class:`magpie.crypto.QueueCipher` (version 2, written when ``PROXY_QUEUE_ENCRYPT_CREDENTIALS`` is on and
+:class:`magpie.base.crypto.QueueCipher` (version 2, written when ``PROXY_QUEUE_ENCRYPT_CREDENTIALS`` is on and
 the route has credentials), ``k`` stored route hash, ``w`` sorted active workspace ids. ``w`` always comes
 last: the Lua scripts merge workspaces by rewriting only the closing ``"w":[...]}`` and keep everything
 before it (credentials in either version) as stored.
@@ -22,9 +22,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from magpie.crypto import CredentialError, QueueCipher
+from magpie.base.crypto import CredentialError, QueueCipher
 from magpie.errors import MagpieError
-from magpie.routes import PROTOCOLS, Route
+from magpie.base.protocols import PROTOCOLS
+from magpie.base.routes import Route
 
 PAYLOAD_VERSION = 1
 """Version of a payload with plaintext (or no) credentials."""
@@ -79,7 +80,7 @@ class Payload:
 
         Args:
             raw: the payload text.
-            cipher: opens version-2 credentials (:attr:`magpie.crypto.Keyring.queue`); not needed for
+            cipher: opens version-2 credentials (:attr:`magpie.base.crypto.Keyring.queue`); not needed for
                 version 1.
         Raises:
             PayloadKeyError: version 2 and ``cipher`` is None or derives from another key (one line naming
@@ -152,7 +153,7 @@ def write_cipher(settings) -> QueueCipher | None:
 def read_cipher(settings) -> QueueCipher:
     """The cipher that opens version-2 payloads (whatever ``PROXY_QUEUE_ENCRYPT_CREDENTIALS`` says: readers
     accept both versions). ``settings``: :class:`magpie.config.Settings` (``encryption_key``)."""
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
 
     return get_keyring(settings.encryption_key).queue
 
@@ -169,6 +170,22 @@ def transcode(raw: str | bytes, cipher: QueueCipher, *, encrypt: bool) -> str | 
             return None
         return p.encode(cipher)
     return p.encode(None) if p.version == ENCRYPTED_VERSION else None
+
+
+def schedule_item(record, cipher=None) -> tuple[str, str]:
+    """The schedule entry of a stored route, as :meth:`magpie.queue.RouteQueue.schedule` takes it (an
+    import, a rebuild of the schedule and a blacklist's release all feed the schedule this way).
+
+    Args:
+        record: a :class:`magpie.db.repo.RouteRecord` (or :class:`~magpie.db.repo.StoredRoute`).
+        cipher: a :class:`magpie.base.crypto.QueueCipher` to seal the credentials with, or None for plaintext;
+            pass :func:`write_cipher` of the settings
+            (``PROXY_QUEUE_ENCRYPT_CREDENTIALS``).
+    Returns:
+        ``(route_hash, payload JSON text)`` (see :mod:`magpie.queue.payload`).
+    """
+    payload = Payload(record.route_id, record.route, record.route_hash, list(record.workspace_ids))
+    return record.route_hash.strip(), payload.encode(cipher)
 
 
 def payload_revision(raw: str | bytes | None) -> str | None:

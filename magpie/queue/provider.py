@@ -43,10 +43,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
-from magpie import redisconn
+from magpie.base import redisconn
+from magpie.errors import ConfigError
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.lease import Lease
-from magpie.queue.urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
+from magpie.base.schedule_urls import POSTGRES_SCHEMES, REDIS_SCHEMES, SCHEMES, scheme_of  # noqa: F401
 
 
 
@@ -191,7 +192,7 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
         settings: a :class:`magpie.config.Settings` (or its ``schedule`` slice): prefix, shards, interval,
             lease, stall limit.
         redis_client: an existing redis-py client to reuse for a Redis URL equal to the settings' one.
-    Raises :class:`magpie.config.ConfigError` naming the accepted schemes for any other scheme;
+    Raises :class:`magpie.errors.ConfigError` naming the accepted schemes for any other scheme;
     ``QueueError`` ``layout_mismatch`` as the providers' ``from_settings`` do.
     """
     sched = getattr(settings, "schedule", settings)
@@ -213,8 +214,6 @@ def create_provider(url: str | None, settings, *, redis_client=None) -> Schedule
         from magpie.queue.pg import PgSchedule
 
         return PgSchedule.from_settings(sched, url, redis_client=redis_client)
-    from magpie.config import ConfigError
-
     shown = f"{scheme}://" if scheme else "a URL without a scheme"
     raise ConfigError(f"MAGPIE_SCHEDULE_URL: {shown} is not served; accepted schemes: "
                       + ", ".join(f"{s}://" for s in SCHEMES))
@@ -229,19 +228,15 @@ def lease_token(lease: Lease) -> str:
 def lease_from_token(provider: ScheduleProvider, token: str) -> Lease:
     """The :class:`Lease` a :func:`lease_token` text stands for (payload as stored now).
 
-    Raises :class:`magpie.config.ConfigError` for text of another shape; the fenced call made with the
+    Raises :class:`magpie.errors.ConfigError` for text of another shape; the fenced call made with the
     lease then refuses a stale or unknown one (``lease_lost``, ``gone``).
     """
     parts = (token or "").strip().split(":")
     if len(parts) != 3 or not all(parts):
-        from magpie.config import ConfigError
-
         raise ConfigError("lease token: expected <route>:<lease>:<previous> as `magpie queue claim` prints it")
     member, lease_score, previous = parts
     try:
         float(lease_score), float(previous)
     except ValueError:
-        from magpie.config import ConfigError
-
         raise ConfigError("lease token: the lease and previous parts must be numbers") from None
     return Lease(member, provider.payload(member) or "", previous, lease_score, provider.shard_of(member))

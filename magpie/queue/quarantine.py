@@ -52,10 +52,9 @@ def withdraw_starts(queue, leases, exc: BaseException) -> int:
     the error): withdraw their start marks (:meth:`ScheduleProvider.unmark_started`, which still runs on
     a Redis at ``maxmemory``), so that their expiry counts no stall against routes whose checks ended.
     Logs one warning naming the store's state. Returns the marks withdrawn (0 when that failed too)."""
-    from magpie.redis_policy import refusal_line
+    from magpie.queue.redis_policy import refusal_line
 
-    client = getattr(queue, "r", None)
-    why = refusal_line(client, exc) if client is not None else f"{exc.__class__.__name__}: {exc}"
+    why = refusal_line(queue.redis, exc)
     try:
         n = queue.unmark_started(list(leases))
     except Exception:  # noqa: BLE001 - the store is away altogether: the leases expire as they are

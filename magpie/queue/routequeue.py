@@ -20,7 +20,7 @@ from typing import Callable, Iterable, Sequence
 
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import Refusal
 from magpie.queue import reads
 from magpie.queue.completion import Completion, StreamTarget

@@ -12,7 +12,7 @@ which are accepted):
 
 Before any route is tried, the destination passes the listener's
 :class:`magpie.rotator.policy.DestinationPolicy` (refused: ``403`` / SOCKS5 reply 2), and credentials are
-checked under a per-address :class:`magpie.throttle.FailureThrottle`.
+checked under a per-address :class:`magpie.coordination.throttle.FailureThrottle`.
 
 Each connection tries up to ``tries`` routes of its :class:`magpie.rotator.pool.RoutePool`: a route that
 fails to connect (or to complete its proxy handshake within ``connect_timeout``) is counted, penalised in
@@ -33,18 +33,16 @@ import socket
 import struct
 from dataclasses import dataclass, field
 
-from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-from magpie.egress import EgressRefused
+from magpie.base.egress import EgressRefused
+from magpie.base.protocols import REGISTRY
 from magpie.rotator.policy import DestinationPolicy, DestinationRefused, resolve_allowed, system_resolver
 from magpie.rotator.pool import RoutePool, Upstream
-from magpie.throttle import FailureLog, FailureThrottle
+from magpie.coordination.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
-_PROXY_TYPES = {"http": ProxyType.HTTP, "https": ProxyType.HTTP, "socks4": ProxyType.SOCKS4,
-                "socks5": ProxyType.SOCKS5}
 _HEADER_CAP = 16 * 1024
 _HANDSHAKE_S = 15.0
 _CHUNK = 64 * 1024
@@ -104,12 +102,12 @@ class Listener:
         on_failure: ``on_failure(spec, upstream)`` for every failed upstream (metrics); optional.
         destinations: the :class:`magpie.rotator.policy.DestinationPolicy` client destinations pass
             (None: any destination; tools and tests only).
-        upstream_egress: the checks' :class:`magpie.egress.EgressPolicy` every upstream address passes
+        upstream_egress: the checks' :class:`magpie.base.egress.EgressPolicy` every upstream address passes
             before the dial, after resolving a route's name (None: no check).
         resolver: ``await resolver(host, port) -> list[str]`` for upstream names (default: getaddrinfo).
         throttle / auth_log: per-address backoff of failed authentications and their rate log (shared by
             the process's listeners; default: a private one each).
-        rate_limiter / client_rate: a :class:`magpie.ratelimit.BlockLimiter` (kind ``rotator``) and the
+        rate_limiter / client_rate: a :class:`magpie.coordination.ratelimit.BlockLimiter` (kind ``rotator``) and the
             new connections per second one client address may open to this rotator across the
             deployment (``MAGPIE_ROTATOR_CLIENT_RATE``; <= 0: unlimited). A connection over it is closed
             at once, unread, and counted in :attr:`ListenerStats.rate_limited`.
@@ -369,7 +367,7 @@ class Listener:
         ur, uw, upstream = got
         if not any(h.partition(":")[0].strip().lower() == "host" for h in kept):
             kept.insert(0, f"Host: {hostport}")
-        if upstream.protocol in ("http", "https"):
+        if not REGISTRY[upstream.protocol].is_socks:
             pinned = f"[{dest}]" if ":" in dest else dest
             line = f"{method} http://{pinned}:{port}{origin} {version}"
             auth = ([f"Proxy-Authorization: Basic {_basic(upstream.username, upstream.password)}"]
@@ -407,10 +405,10 @@ class Listener:
             try:
                 addr = await asyncio.wait_for(resolve_allowed(u.host, u.port, self.upstream_egress, self.resolver),
                                               self.connect_timeout)
-                if forward_http and u.protocol in ("http", "https"):
+                if forward_http and not REGISTRY[u.protocol].is_socks:
                     r, w = await asyncio.wait_for(asyncio.open_connection(addr, u.port), self.connect_timeout)
                 else:
-                    proxy = Proxy.create(_PROXY_TYPES[u.protocol], addr, u.port, u.username, u.password,
+                    proxy = Proxy.create(REGISTRY[u.protocol].handshake, addr, u.port, u.username, u.password,
                                          rdns=True)
                     sock = await proxy.connect(host, port, timeout=self.connect_timeout)
                     r, w = await asyncio.wait_for(asyncio.open_connection(sock=sock), self.connect_timeout)

@@ -22,7 +22,7 @@ class Rotator(Base):
 
     ``listen`` is a comma-separated subset of :data:`LISTEN_PROTOCOLS` (both on one port: the first byte
     of a connection tells SOCKS5 from HTTP). ``password_enc`` is a Fernet token
-    (:meth:`magpie.crypto.Keyring.encrypt`); the password is never stored in clear. ``filters`` is JSON:
+    (:meth:`magpie.base.crypto.Keyring.encrypt`); the password is never stored in clear. ``filters`` is JSON:
     ``{"protocols": [...], "anonymity": [...], "max_latency_ms": n, "reputation": "good"|..., "country":
     [...], "exit_country": [...]}`` (every key optional; ``exit_country`` is the country of the address the
     judge saw the route exit from). ``instance_id`` is the rotator process that runs it (None: unassigned);

@@ -2,7 +2,7 @@
 
 A rotator is a proxy anyone who reaches its port may use, so the destinations its clients ask for pass a
 :class:`DestinationPolicy` before any upstream is tried: the egress guard's rules
-(:class:`magpie.egress.EgressPolicy`: loopback, private, link-local, reserved... refused unless
+(:class:`magpie.base.egress.EgressPolicy`: loopback, private, link-local, reserved... refused unless
 ``MAGPIE_ROTATOR_ALLOW_PRIVATE`` allows them back) and a port allow-list (``MAGPIE_ROTATOR_ALLOWED_PORTS``,
 or the rotator's own ``allowed_ports``). A destination name is resolved by the rotator and every address
 must pass; the upstream is then handed the checked address, never the name, so no later lookup can
@@ -14,37 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-import re
 import socket
 
-from magpie.egress import EgressPolicy, EgressRefused, egress_only_refusal, is_ip_literal
+from magpie.base.egress import EgressPolicy, EgressRefused, egress_only_refusal, is_ip_literal, parse_ports
 
 DEFAULT_PORTS = "80,443"
 """Destination ports a rotator tunnels to unless configured otherwise."""
-
-
-def parse_ports(text: str) -> tuple[tuple[int, int], ...]:
-    """``"80,443,8000-8100"`` -> ``((80, 80), (443, 443), (8000, 8100))``.
-
-    Raises ``ValueError`` naming the malformed entry (not a port, or outside 1-65535)."""
-    out = []
-    for part in str(text or "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        m = re.fullmatch(r"(\d{1,5})(?:\s*-\s*(\d{1,5}))?", part)
-        lo, hi = (int(m.group(1)), int(m.group(2) or m.group(1))) if m else (0, 0)
-        if not m or not 1 <= lo <= hi <= 65535:
-            raise ValueError(f"expected ports or ranges within 1-65535 such as 80,443,8000-8100, got {part!r}")
-        out.append((lo, hi))
-    if not out:
-        raise ValueError(f"expected at least one port, got {text!r}")
-    return tuple(out)
-
-
-def format_ports(ranges: tuple[tuple[int, int], ...]) -> str:
-    """The stored form of :func:`parse_ports` output (``"80,443,8000-8100"``)."""
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
 
 
 class DestinationRefused(EgressRefused):

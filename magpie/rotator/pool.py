@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.egress import is_ip_literal
+from magpie.base.egress import is_ip_literal
 
 POOL_CAP = 20_000
 """Most routes one pool holds (the lowest-latency ones)."""
@@ -26,8 +26,9 @@ FAIL_PENALTY_S = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """One eligible route: ``protocol`` (http/https/socks4/socks5), ``host``, ``port``, credentials (clear
-    text, in memory only; never logged: :meth:`label` is the safe name), ``latency_ms``, ``route_id``."""
+    """One eligible route: ``protocol`` (one of :data:`magpie.base.protocols.PROTOCOLS`), ``host``,
+    ``port``, credentials (clear text, in memory only; never logged: :meth:`label` is the safe name),
+    ``latency_ms``, ``route_id``."""
 
     route_id: int
     protocol: str
@@ -74,7 +75,7 @@ def load_pool(engine: Engine, keyring, workspace_id: int, filters: dict, cap: in
     """The eligible routes of a workspace under ``filters`` (see :func:`magpie.rotator.service.check_filters`),
     lowest latency first, at most ``cap``. Credentials are decrypted with ``keyring``; a route whose
     credentials do not decrypt (another key) is left out, and so is an IP-literal route that ``egress``
-    (the checks' :class:`magpie.egress.EgressPolicy`) refuses. Raises SQLAlchemy errors."""
+    (the checks' :class:`magpie.base.egress.EgressPolicy`) refuses. Raises SQLAlchemy errors."""
     extra, params = filter_sql(filters)
     sql = sa.text(
         "SELECT r.id, r.protocol, r.host, r.port, r.username_enc, r.password_enc, h.latency_ms "

@@ -2,13 +2,13 @@
 
 Coordination is *persisted instance assignment and local reconciliation*:
 
-- every rotator process keeps an instance record (:class:`magpie.instances.Heartbeat`, role
+- every rotator process keeps an instance record (:class:`magpie.coordination.instances.Heartbeat`, role
   ``rotator``) alive in Redis; one that stops refreshing disappears after ``MAGPIE_INSTANCE_TTL``;
 - the **assigner** runs in whichever rotator process holds the leader lock ``rotator-assign``: it gives
   every enabled rotator that is unassigned or assigned to an instance without a live record to the live
   rotator instance with the fewest rotators, and moves one rotator per pass from the busiest to the
   idlest instance while their counts differ by more than one. Its writes carry the lock's fencing token
-  (:func:`magpie.fencing.fence`), so a paused former leader cannot undo a newer one's assignment;
+  (:func:`magpie.coordination.fencing.fence`), so a paused former leader cannot undo a newer one's assignment;
 - every process **reconciles** every ``MAGPIE_ROTATOR_RECONCILE`` seconds, and at once when a change is
   announced on Redis pub/sub: it starts listeners newly assigned to it, stops removed or reassigned ones,
   rebinds one whose port or protocols changed, and applies other changes (credentials, policy, filters)
@@ -38,17 +38,18 @@ import time
 import redis as redis_lib
 import sqlalchemy as sa
 
-from magpie import redisconn
-from magpie.egress import EgressPolicy
-from magpie.fencing import fence
-from magpie.instances import Heartbeat, InstanceRegistry
-from magpie.leader import LeaderLock
+from magpie.base import redisconn
+from magpie.base.egress import EgressPolicy
+from magpie.coordination.fencing import fence
+from magpie.coordination.instances import Heartbeat, InstanceRegistry
+from magpie.coordination.leader import LeaderLock
 from magpie.rotator.listener import Listener, ListenerSpec
 from magpie.rotator.models import Rotator
-from magpie.rotator.policy import DestinationPolicy, parse_ports
+from magpie.base.egress import parse_ports
+from magpie.rotator.policy import DestinationPolicy
 from magpie.rotator.pool import RoutePool, load_pool
 from magpie.rotator.service import channel, list_rotators, load_rows
-from magpie.throttle import FailureLog, FailureThrottle
+from magpie.coordination.throttle import FailureLog, FailureThrottle
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ def assign(engine, registry: InstanceRegistry, lock: LeaderLock | None) -> dict[
     """One assigner pass (see the module doc); returns ``{"assigned": n, "moved": m, "instances": k}``.
 
     ``lock``: the held ``rotator-assign`` leader lock whose generation fences the writes (None: unfenced,
-    for tests and one-shot tools). Raises :class:`magpie.fencing.StaleLeader` when a newer leader wrote.
+    for tests and one-shot tools). Raises :class:`magpie.coordination.fencing.StaleLeader` when a newer leader wrote.
     """
     live = [rec["id"] for rec in registry.list_live(role=ROLE)]
     out = {"assigned": 0, "moved": 0, "instances": len(live)}
@@ -191,8 +192,8 @@ class RotatorProcess:
 
     Args:
         settings: :class:`magpie.config.Settings` (``MAGPIE_ROTATOR_*``, instance heartbeat settings).
-        engine / redis / keyring: PostgreSQL engine, Redis client, :class:`magpie.crypto.Keyring`.
-        instance_id: default a new :func:`magpie.instances.new_id`.
+        engine / redis / keyring: PostgreSQL engine, Redis client, :class:`magpie.base.crypto.Keyring`.
+        instance_id: default a new :func:`magpie.coordination.instances.new_id`.
     """
 
     def __init__(self, settings, *, engine, redis: redis_lib.Redis, keyring, instance_id: str | None = None):
@@ -226,7 +227,7 @@ class RotatorProcess:
             settings.rotator_allowed_ports, resolve_timeout=settings.rotator_connect_timeout)
         self.throttle = FailureThrottle()
         self.auth_log = FailureLog(log, "rotator: failed client authentications")
-        from magpie.ratelimit import BlockLimiter
+        from magpie.coordination.ratelimit import BlockLimiter
 
         self.client_rate = float(getattr(settings, "rotator_client_rate", 0.0) or 0.0)
         self.rate_limiter = (BlockLimiter(redis, self.prefix, "rotator", block=16)

@@ -2,7 +2,7 @@
 
 Every change bumps the row's ``revision`` in the same transaction and then publishes the rotator's id on
 the Redis channel :func:`channel` (a hint only: rotator processes also reconcile on a cadence, so a lost
-notification still converges). Passwords are encrypted with :meth:`magpie.crypto.Keyring.encrypt` and
+notification still converges). Passwords are encrypted with :meth:`magpie.base.crypto.Keyring.encrypt` and
 never returned or printed; listings show ``auth: yes/no``.
 """
 
@@ -19,10 +19,10 @@ from magpie.config import ConfigError
 from magpie.db.models import Workspace
 from magpie.errors import MagpieError, Refusal, RefusedError
 from magpie.rotator.models import LISTEN_PROTOCOLS, POLICIES, Rotator
+from magpie.base.protocols import PROTOCOLS
 
 FILTER_KEYS = ("protocols", "anonymity", "max_latency_ms", "reputation", "country", "allowed_ports",
                "exit_country")
-UPSTREAM_PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 REPUTATION = ("good", "neutral", "poor")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -71,7 +71,7 @@ def check_filters(filters: dict) -> dict:
             continue
         if key in ("protocols", "anonymity", "country", "exit_country"):
             items = [str(v).strip().lower() for v in (value.split(",") if isinstance(value, str) else value)]
-            allowed = {"protocols": UPSTREAM_PROTOCOLS, "anonymity": ANONYMITY}.get(key)
+            allowed = {"protocols": PROTOCOLS, "anonymity": ANONYMITY}.get(key)
             if allowed and any(v not in allowed for v in items):
                 raise RotatorError(f"filter {key}: expected values among {', '.join(allowed)}, got {value!r}")
             countries = key in ("country", "exit_country")
@@ -87,7 +87,7 @@ def check_filters(filters: dict) -> dict:
                 raise RotatorError(f"filter max_latency_ms: expected 0 < ms <= 600000, got {value!r}")
             out[key] = ms
         elif key == "allowed_ports":
-            from magpie.rotator.policy import format_ports, parse_ports
+            from magpie.base.egress import format_ports, parse_ports
 
             try:
                 out[key] = format_ports(parse_ports(value if isinstance(value, str) else ",".join(map(str, value))))

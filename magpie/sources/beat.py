@@ -1,4 +1,4 @@
-"""Beat entry of the due-source fetch (collected by :data:`magpie.celery_config.BEAT_PROVIDERS`)."""
+"""Beat entry of the due-source fetch (collected by :func:`magpie.wiring.celery_config.build`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Fetching one proxy-list source: the egress guard on every hop, robots.txt, conditional GET, bounds.
 
 Every request (the list, each redirect, robots.txt; in browser mode every request the page makes) resolves
-its host and checks every address with :class:`magpie.egress.EgressPolicy` (``MAGPIE_SOURCE_ALLOW_PRIVATE``,
+its host and checks every address with :class:`magpie.base.egress.EgressPolicy` (``MAGPIE_SOURCE_ALLOW_PRIVATE``,
 and ``MAGPIE_EGRESS_ONLY`` when set) **before** connecting, then connects to an address that passed (no
 second lookup). A redirect is followed up to ``MAGPIE_SOURCE_MAX_REDIRECTS`` times, each ``Location``
 through the same guard: a refused one fails the fetch with one line naming the redirect. Credentials in the
@@ -38,7 +38,7 @@ from urllib.robotparser import RobotFileParser
 import certifi
 import urllib3
 
-from magpie.egress import EgressPolicy
+from magpie.base.egress import EgressPolicy
 from magpie.errors import MagpieError
 from magpie.sources.store import shown_url
 
@@ -101,7 +101,7 @@ def policy_of(settings) -> EgressPolicy:
 
 def _address(host: str, port: int, policy: EgressPolicy, resolve) -> str:
     """First allowed address of ``host``; raises :class:`FetchFailed` when any resolved one is refused."""
-    from magpie.egress import is_ip_literal, legacy_ipv4
+    from magpie.base.egress import is_ip_literal, legacy_ipv4
 
     h = host.strip("[]")
     if is_ip_literal(h):

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import sqlalchemy as sa
 
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 from magpie.queue.keys import QueueKeys
 from magpie.queue.refusals import COMPLETED, QueueError
 from magpie.queue.routequeue import RouteQueue
@@ -98,7 +98,7 @@ def _load(engine, source_id: int) -> dict | None:
 def fetch_source(src: dict, settings):
     """Fetch one source row (as :func:`_load` reads it): a :class:`magpie.sources.fetch.Fetched`.
     Raises :class:`magpie.sources.fetch.FetchFailed`."""
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.sources.fetch import FetchOptions, fetch_pages, policy_of, robots_cache
 
     url = get_keyring(settings.encryption_key).decrypt(src["url_enc"])
@@ -152,7 +152,7 @@ def process(lease, sched: RouteQueue, settings, engine, route_queue) -> dict:
         error = str(exc)
     except Exception as exc:  # noqa: BLE001 - an import or storage failure counts as a failed fetch
         first = (str(exc).strip().splitlines() or [""])[0]
-        from magpie.redact import mask_url_passwords
+        from magpie.base.redact import mask_url_passwords
 
         error = mask_url_passwords(f"import failed: {exc.__class__.__name__}: {first}")[:300]
     if error is None:

@@ -77,7 +77,7 @@ def shown_url(url: str) -> str:
 def check_url(url: str, settings=None) -> str:
     """Validate a source URL: ``http``/``https`` with a host and a valid port; when ``settings`` is given an
     IP-literal or ``localhost`` host is checked against ``MAGPIE_SOURCE_ALLOW_PRIVATE`` now. Returns the URL
-    without a fragment. Raises :class:`SourceError`, or :class:`magpie.egress.EgressRefused`."""
+    without a fragment. Raises :class:`SourceError`, or :class:`magpie.base.egress.EgressRefused`."""
     url = (url or "").strip()
     try:
         parts = urlsplit(url)
@@ -91,7 +91,7 @@ def check_url(url: str, settings=None) -> str:
     if any(ord(ch) < 33 for ch in url):
         raise SourceError("the source URL must not hold spaces or control characters")
     if settings is not None:
-        from magpie.egress import EgressPolicy
+        from magpie.base.egress import EgressPolicy
 
         EgressPolicy(settings.source_allow_private, "MAGPIE_SOURCE_ALLOW_PRIVATE").check_host(parts.hostname)
     return urlunsplit((parts.scheme.lower(), parts.netloc, parts.path, parts.query, ""))
@@ -120,16 +120,17 @@ def add_source(engine: Engine, settings, url: str, workspace: str, every_s: int,
     Returns:
         the source as :func:`list_sources` gives it.
     Raises:
-        SourceError: bad URL, workspace, format, protocol or period. :class:`magpie.egress.EgressRefused`.
+        SourceError: bad URL, workspace, format, protocol or period. :class:`magpie.base.egress.EgressRefused`.
     """
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
+    from magpie.base.protocols import PROTOCOLS
     from magpie.importer.formats import FORMATS
 
     url = check_url(url, settings)
     if fmt not in FORMATS:
         raise SourceError(f"format must be one of {', '.join(FORMATS)}")
-    if protocol not in ("http", "https", "socks4", "socks5"):
-        raise SourceError("protocol must be one of http, https, socks4, socks5")
+    if protocol not in PROTOCOLS:
+        raise SourceError(f"protocol must be one of {', '.join(PROTOCOLS)}")
     if not MIN_EVERY <= int(every_s) <= MAX_EVERY:
         raise SourceError("period must be within 1m .. 30d")
     workspace = (workspace or "").strip()

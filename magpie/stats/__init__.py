@@ -14,7 +14,7 @@ One module per concern:
 * :mod:`magpie.stats.drain`: one ingestion run, consumer batches until the backlog is read;
 * :mod:`magpie.stats.infra`: the shared backoff while the database refuses writes;
 * :mod:`magpie.stats.redrive`: dead letters back into the stream (``magpie stats redrive``);
-* :mod:`magpie.stats.keys` and :mod:`magpie.stats.scripts`: the names and the Lua scripts they share.
+* :mod:`magpie.queue.streams` and :mod:`magpie.stats.scripts`: the names and the Lua scripts they share.
 """
 
 from magpie.stats.consumer import IngestReport, ensure_group, ingest
@@ -27,7 +27,7 @@ from magpie.stats.entry import (
     entry_fields,
     parse_entry,
 )
-from magpie.stats.keys import GROUP, dead_key, stream_key
+from magpie.queue.streams import GROUP, dead_key, stream_key
 from magpie.stats.redrive import RedriveReport, redrive
 from magpie.stats.status import pending_summary
 

@@ -1,7 +1,7 @@
 """The results-stream consumer: read through the consumer group, apply, acknowledge, dead-letter.
 
 A ``stats``-queue task calls :func:`ingest`, which takes a batch through the consumer group
-:data:`~magpie.stats.keys.GROUP` (``XREADGROUP``, with ``XAUTOCLAIM`` recovery of entries other consumers
+:data:`~magpie.queue.streams.GROUP` (``XREADGROUP``, with ``XAUTOCLAIM`` recovery of entries other consumers
 left pending) and applies it to PostgreSQL in one transaction (:mod:`magpie.stats.store`).
 
 Entries are acknowledged (``XACK``) only after the commit; the replay ledger makes a re-delivered entry
@@ -36,7 +36,7 @@ from magpie.stats.entry import (
     dead_letter_fields,
     parse_entry,
 )
-from magpie.stats.keys import (
+from magpie.queue.streams import (
     DEAD_MAXLEN, GROUP, dead_key, id_parts, infra_key, ledger_id, stream_key, stream_space, tagged_for, text,
 )
 from magpie.stats.store import (
@@ -304,7 +304,7 @@ def ingest(
             committed, replayed, rejected = apply_results(engine, entries, geo)
             report.committed, report.replayed = committed, report.replayed + replayed
             if committed:  # the check-latency histogram counts stored results (never the check path)
-                from magpie.counters import record_check_latency
+                from magpie.base.counters import record_check_latency
 
                 gone = {d.stream_id for d in rejected}
                 stored = [e.result.latency_ms for e in entries if e.stream_id not in gone]

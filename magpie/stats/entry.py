@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from magpie.checker.anonymity import LEVELS, normalize_ip
 from magpie.checker.result import CheckResult
 from magpie.errors import MagpieError
-from magpie.stats.keys import id_parts
+from magpie.queue.streams import id_parts
 
 ROUTE_FIELDS = ("route_id", "route_hash")
 """Fields naming the checked route."""
@@ -232,7 +232,7 @@ class StreamEntry:
         result: the :class:`CheckResult`; ``latency_ms`` rounded to 3 decimals (microseconds).
         fields: the entry's decoded fields as read (kept for a dead letter).
         origin_id: the id the entry was first published under when it was redriven, else None.
-        space: the ledger id space of the stream it was read from (:func:`magpie.stats.keys.ledger_id`).
+        space: the ledger id space of the stream it was read from (:func:`magpie.queue.streams.ledger_id`).
     """
 
     stream_id: str
@@ -247,8 +247,8 @@ class StreamEntry:
     def ledger_id(self) -> str:
         """The id the replay ledger and ``check_history.stream_id`` record: :attr:`origin_id` for a
         redriven entry, else :attr:`stream_id`, in the stream's ledger space
-        (:func:`magpie.stats.keys.ledger_id`; unchanged for the untagged stream)."""
-        from magpie.stats.keys import ledger_id
+        (:func:`magpie.queue.streams.ledger_id`; unchanged for the untagged stream)."""
+        from magpie.queue.streams import ledger_id
 
         return ledger_id(self.origin_id or self.stream_id, self.space)
 
@@ -265,7 +265,7 @@ class StreamEntry:
 
 def parse_entry(stream_id: str, fields: Mapping[str, str], space: int = 0) -> StreamEntry:
     """Validate one entry's decoded fields against the columns they are stored in; ``space`` is the ledger
-    id space of the stream it came from (:func:`magpie.stats.keys.stream_space`).
+    id space of the stream it came from (:func:`magpie.queue.streams.stream_space`).
 
     Raises:
         MalformedEntry: a required field (``route_id``, ``alive``, ``checked_at_ms``) is missing or

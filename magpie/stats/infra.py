@@ -19,8 +19,8 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats import scripts
-from magpie.redisconn import server_time
-from magpie.stats.keys import infra_key, tagged_for, text
+from magpie.base.redisconn import server_time
+from magpie.queue.streams import infra_key, tagged_for, text
 
 DEFAULT_BACKOFF_S = 1.0
 """Seconds of the first backoff after an infrastructure failure (``MAGPIE_STATS_INFRA_BACKOFF``)."""

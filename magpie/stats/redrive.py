@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import redis as redis_lib
 
 from magpie.stats import scripts
-from magpie.stats.keys import dead_key, stream_key, tagged_for, text
+from magpie.queue.streams import dead_key, stream_key, tagged_for, text
 
 CHUNK = 500
 """Dead letters looked at per script call (each call is atomic and short)."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import redis as redis_lib
 
 from magpie.stats.infra import state_from
-from magpie.redisconn import server_time
-from magpie.stats.keys import GROUP, dead_key, infra_key, stream_key, tagged_for, text
+from magpie.base.redisconn import server_time
+from magpie.queue.streams import GROUP, dead_key, infra_key, stream_key, tagged_for, text
 
 
 def pending_summary(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str]] | None = None) -> dict:

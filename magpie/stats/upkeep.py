@@ -8,7 +8,7 @@ pending entry therefore holds the floor back (and keeps newer ledger rows) while
 commit; ``magpie_statistics_replay_floor_timestamp_seconds`` exports the floor's time so that an operator
 sees it stuck.
 
-These functions run from the ``stats_ledger`` maintenance job (:mod:`magpie.maintenance.ledger`) under
+These functions run from the ``stats_ledger`` maintenance job (:mod:`magpie.stats.ledger`) under
 a leader lock; none of them is on the check or ingestion path.
 """
 
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from magpie.stats import scripts
-from magpie.stats.keys import GROUP, id_parts, ledger_id, stream_key, stream_space, tagged_for, text
+from magpie.queue.streams import GROUP, id_parts, ledger_id, stream_key, stream_space, tagged_for, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +53,7 @@ def replay_floor(redis: redis_lib.Redis, prefix: str, pairs: list[tuple[str, str
     """Read the consumer group's replay floor (two round trips at most per stream).
 
     With ``pairs`` (:func:`magpie.queue.partitions.stream_pairs`: one results stream per partition) the
-    floor is the lowest of the streams' floors in ledger ids (:func:`magpie.stats.keys.ledger_id`), so
+    floor is the lowest of the streams' floors in ledger ids (:func:`magpie.queue.streams.ledger_id`), so
     no stream's replayable entry loses its ledger row; streams with nothing delivered yet hold no ledger
     rows and are left out.
 

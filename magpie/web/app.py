@@ -24,7 +24,7 @@ from magpie.apitokens.ratelimit import take
 from magpie.apitokens.store import SECRET_PREFIX, WEB_ADMIN, authenticate
 from magpie.apitokens.store import Refused as TokenRefused
 from magpie.errors import MagpieError, RefusedError
-from magpie.throttle import FailureLog, FailureThrottle
+from magpie.coordination.throttle import FailureLog, FailureThrottle
 from magpie.web import api, bulk, pages, program
 from magpie.web.auth import COOKIE, AuthRefused, Sessions, allowed_hosts, bearer, is_loopback, token_matches
 from magpie.web.service import Dashboard
@@ -55,7 +55,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
         dashboard: the clients to use (default a :class:`Dashboard` of ``settings``).
         reads_need_token: pages and reads need the token too (default: when ``MAGPIE_WEB_HOST`` is not
             a loopback address).
-        sample: run the chart sampler (:class:`magpie.web.samples.Sampler`) while the app serves.
+        sample: run the chart sampler (:class:`magpie.observability.samples.Sampler`) while the app serves.
     Returns:
         The FastAPI app; ``app.state.dashboard`` is the :class:`Dashboard`, ``app.state.sessions`` the
         :class:`magpie.web.auth.Sessions`, ``app.state.login_throttle`` the per-address backoff of failed
@@ -68,7 +68,7 @@ def create_app(settings, *, dashboard: Dashboard | None = None, reads_need_token
     async def lifespan(app: FastAPI):
         sampler = None
         if sample:
-            from magpie.web.samples import Sampler
+            from magpie.observability.samples import Sampler
 
             sampler = Sampler(dash.redis, settings.redis_prefix, dash.queue,
                               interval_s=settings.web_sample_interval, keep=settings.web_sample_keep).start()

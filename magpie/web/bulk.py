@@ -1,8 +1,8 @@
 """The dashboard's bulk operator verbs (``/api/bulk/...``), the same as ``magpie workspaces`` and
-``magpie bulk`` (:mod:`magpie.operations`). Every operation needs the action token
+``magpie bulk`` (:mod:`magpie.admin.operations`). Every operation needs the action token
 (``Authorization: Bearer <MAGPIE_WEB_TOKEN>``); ``dry_run`` counts without changing anything. An unknown
 workspace answers 404, an existing one or a removal without any filter 409, both as
-``{"ok": false, "refused": "<code>", "detail": ...}`` (codes of :class:`magpie.operations.OperationError`).
+``{"ok": false, "refused": "<code>", "detail": ...}`` (codes of :class:`magpie.admin.operations.OperationError`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from magpie.base.protocols import ProtocolName
 from magpie.web.api import REFUSALS, UNAVAILABLE, Dash, action_token
 
 router = APIRouter(prefix="/api/bulk", responses={**UNAVAILABLE, **REFUSALS,
@@ -38,7 +39,7 @@ class WorkspaceName(Strict):
 
 class RemoveRoutes(Strict):
     workspace: str | None = Field(None, max_length=64)
-    protocol: Literal["http", "https", "socks4", "socks5"] | None = None
+    protocol: ProtocolName | None = None
     dead_days: float | None = Field(None, ge=0, le=36500)
     dry_run: bool = False
 
@@ -56,7 +57,7 @@ class RetryDeliveries(Strict):
 
 
 def _run(call):
-    from magpie.operations import OperationError
+    from magpie.admin.operations import OperationError
 
     try:
         return {"ok": True, "result": call()}
@@ -67,14 +68,14 @@ def _run(call):
 
 @router.get("/workspaces", response_model=BulkDone, summary="Workspaces with their route counts")
 def api_workspaces_list(d: Dash):
-    from magpie.operations import list_workspaces
+    from magpie.admin.operations import list_workspaces
 
     return {"ok": True, "result": list_workspaces(d.engine)}
 
 
 @router.post("/workspaces/create", response_model=BulkDone, summary="Create a workspace")
 def api_workspace_create(body: WorkspaceName, d: Dash):
-    from magpie.operations import create_workspace
+    from magpie.admin.operations import create_workspace
 
     return _run(lambda: create_workspace(d.engine, body.name, dry_run=body.dry_run))
 
@@ -82,14 +83,14 @@ def api_workspace_create(body: WorkspaceName, d: Dash):
 @router.post("/workspaces/delete", response_model=BulkDone,
              summary="Delete a workspace; its routes leave it through fenced calls")
 def api_workspace_delete(body: WorkspaceName, d: Dash):
-    from magpie.operations import delete_workspace
+    from magpie.admin.operations import delete_workspace
 
     return _run(lambda: delete_workspace(d.engine, d.queue, body.name, dry_run=body.dry_run))
 
 
 @router.post("/remove-routes", response_model=BulkDone, summary="Remove routes by workspace, protocol, dead days")
 def api_remove_routes(body: RemoveRoutes, d: Dash):
-    from magpie.operations import remove_routes
+    from magpie.admin.operations import remove_routes
 
     return _run(lambda: remove_routes(d.engine, d.queue, workspace=body.workspace, protocol=body.protocol,
                                       dead_days=body.dead_days, dry_run=body.dry_run))
@@ -97,7 +98,7 @@ def api_remove_routes(body: RemoveRoutes, d: Dash):
 
 @router.post("/reprocess-dead", response_model=BulkDone, summary="Put dead letters back (all, or filtered)")
 def api_reprocess_dead(body: ReprocessDead, d: Dash):
-    from magpie.operations import reprocess_dead
+    from magpie.admin.operations import reprocess_dead
 
     return _run(lambda: reprocess_dead(d.queue, reason=body.reason, older_than_s=body.older_than_s,
                                        dry_run=body.dry_run))
@@ -105,7 +106,7 @@ def api_reprocess_dead(body: ReprocessDead, d: Dash):
 
 @router.post("/retry-deliveries", response_model=BulkDone, summary="Retry every failed delivery")
 def api_retry_deliveries(body: RetryDeliveries, d: Dash):
-    from magpie.operations import retry_failed
+    from magpie.admin.operations import retry_failed
 
     return _run(lambda: retry_failed(d.engine, kind=body.kind, channel_id=body.channel_id, dry_run=body.dry_run))
 

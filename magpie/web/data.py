@@ -3,7 +3,7 @@
 The schedule's own figures come from :mod:`magpie.queue.reads` (through :class:`~magpie.queue.RouteQueue`);
 this module only adds what the dashboard pages need beyond the command line's reads: filters, paging and
 joins. No credential ever leaves it: routes carry ``has_credentials`` instead of a user name, error texts
-go through :func:`magpie.redact.mask_url_passwords`, judge bodies are never read, and webhook targets are
+go through :func:`magpie.base.redact.mask_url_passwords`, judge bodies are never read, and webhook targets are
 cut down to scheme and host.
 """
 
@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from magpie.redact import mask_url_passwords
+from magpie.base.redact import mask_url_passwords
+from magpie.base.protocols import PROTOCOLS
 
-PROTOCOLS = ("http", "https", "socks4", "socks5")
 ANONYMITY = ("transparent", "anonymous", "elite")
 ALIVE = ("yes", "no", "unknown")
 _HASH = re.compile(r"[0-9a-f]{24}")

@@ -3,7 +3,7 @@
 Rotators are :func:`magpie.rotator.process.list_with_state` (the same merge as ``magpie rotators list``)
 cut down to what a page may show: ``auth`` tells whether client credentials are set; the user name and
 the password never leave this module. Instances are the heartbeat records of
-:meth:`magpie.instances.InstanceRegistry.list_live`, reduced to a fixed set of fields (a record can carry
+:meth:`magpie.coordination.instances.InstanceRegistry.list_live`, reduced to a fixed set of fields (a record can carry
 extras registered by any module; only the known ones are shown).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from magpie.redact import mask_url_passwords
+from magpie.base.redact import mask_url_passwords
 
 STATES = ("serving", "error", "not running", "unassigned")
 """Listener states of a rotator, as ``magpie rotators list`` shows them."""

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from magpie.apitokens.store import Principal
+from magpie.base.protocols import PROTOCOLS, ProtocolName
 from magpie.web import data
 from magpie.web.api import TEXT, UNAVAILABLE, Dash, HistoryRow, Missing, Refused, RouteDetail, RouteHealth
 from magpie.web.auth import AuthRefused
@@ -140,7 +141,7 @@ def api_routes(
     p: Reader,
     workspace: Annotated[str | None, Query(max_length=200, pattern=TEXT,
                                            description="Only this workspace (a scoped token's by default)")] = None,
-    protocol: Literal["http", "https", "socks4", "socks5"] | None = None,
+    protocol: ProtocolName | None = None,
     alive: Literal["yes", "no", "unknown"] | None = None,
     anonymity: Literal["transparent", "anonymous", "elite"] | None = None,
     min_latency_ms: Annotated[float | None, Query(ge=0, le=1e7, allow_inf_nan=False)] = None,
@@ -298,7 +299,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 
 def _fetch(settings, url: str, resolve) -> bytes:
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
     from magpie.enrich.fetch import FetchError, get
 
     policy = EgressPolicy(settings.api_fetch_allow_private, "MAGPIE_API_FETCH_ALLOW_PRIVATE")
@@ -326,7 +327,7 @@ async def api_import(
     p: Annotated[Principal | None, Depends(need("operate"))],
     workspace: Annotated[str | None, Query(min_length=1, max_length=200, pattern=TEXT,
                                            description="Workspace to import into (a scoped token's by default)")] = None,
-    protocol: Literal["http", "https", "socks4", "socks5"] = "http",
+    protocol: ProtocolName = "http",
     format: Literal["auto", "ip:port:user:pass", "ip:port:country:anonymity"] = "auto",
     dry_run: bool = False,
 ):
@@ -421,8 +422,8 @@ def api_export(
                                            description="The workspace (a scoped token's by default)")] = None,
     format: Literal["txt", "url", "csv", "json", "jsonl"] = "txt",
     alive: bool | None = None,
-    protocol: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("https?|socks[45]"),
-                                          description="comma-separated: http, https, socks4, socks5")] = None,
+    protocol: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("|".join(PROTOCOLS)),
+                                          description="comma-separated: " + ", ".join(PROTOCOLS))] = None,
     anonymity: Annotated[str | None, Query(max_length=100, pattern=_one_or_more("transparent|anonymous|elite"),
                                            description="comma-separated: transparent, anonymous, elite")] = None,
     country: Annotated[str | None, Query(max_length=200, pattern=_one_or_more("[A-Za-z]{2}"),
@@ -435,7 +436,7 @@ def api_export(
 ):
     """The same filters and formats as ``magpie export`` (docs/export.md). Credentials only with
     ``with_credentials=true`` and a token of role operate or admin (audit-logged)."""
-    from magpie.export import ExportError, ExportFilter, stream_export
+    from magpie.admin.export import ExportError, ExportFilter, stream_export
 
     if with_credentials and (p is None or p.role == "read"):
         raise AuthRefused(403 if p else 401, "forbidden" if p else "token_required",

@@ -1,8 +1,8 @@
 """What the dashboard's pages and its JSON API share: clients, reads composed from their owners, actions.
 
 Schedule figures are :meth:`magpie.queue.RouteQueue.status` / ``dead_letters`` / ``inspect`` (the same
-reads as ``magpie status`` and the metrics exporter), readiness is :func:`magpie.health.check_health`,
-charts come from :mod:`magpie.web.samples`, route health and alerts from :mod:`magpie.web.data`, rotators
+reads as ``magpie status`` and the metrics exporter), readiness is :func:`magpie.observability.health.check_health`,
+charts come from :mod:`magpie.observability.samples`, route health and alerts from :mod:`magpie.web.data`, rotators
 (the merge of ``magpie rotators list``) and live instances through :mod:`magpie.web.fleet`. Actions
 are the schedule's own verbs (``pause``, ``resume``, ``reprocess``, ``enqueue_in``), the same as the
 ``magpie queue`` commands.
@@ -15,10 +15,10 @@ from functools import cached_property
 
 import redis as redis_lib
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.queue import QueueKeys, RouteQueue
 from magpie.web import data, fleet
-from magpie.web.samples import read_samples, series
+from magpie.observability.samples import read_samples, series
 
 
 class Dashboard:
@@ -50,7 +50,7 @@ class Dashboard:
 
     @property
     def engine(self):
-        """The SQLAlchemy engine; raises :class:`magpie.crypto.KeyMismatchError` for another key."""
+        """The SQLAlchemy engine; raises :class:`magpie.base.crypto.KeyMismatchError` for another key."""
         if self._engine is None:
             with self._lock:
                 if self._engine is None:
@@ -81,7 +81,7 @@ class Dashboard:
     def chart_points(self, limit: int | None = None) -> list[dict]:
         """Throughput and lateness points, oldest first: one per stored snapshot of the
         ``dashboard_snapshot`` job (:func:`magpie.derived.dashboard.history_points`) when PostgreSQL holds
-        any, else per interval of this deployment's in-Redis ring (:func:`magpie.web.samples.series`)."""
+        any, else per interval of this deployment's in-Redis ring (:func:`magpie.observability.samples.series`)."""
         stored = self.stored_points(limit)
         if stored:
             return stored
@@ -119,7 +119,7 @@ class Dashboard:
         """``{"route": dict | None, "history": [dict], "schedule": dict | None}`` or None when neither
         PostgreSQL nor the schedule knows the route. ``schedule`` is :meth:`RouteQueue.inspect` without the
         payload (credentials), the password masked in logs and progress."""
-        from magpie.redact import mask_route_info as _masked
+        from magpie.base.redact import mask_route_info as _masked
 
         row = data.route_by_hash(self.engine, route_hash)
         info = self.queue.inspect(route_hash)
@@ -142,7 +142,7 @@ class Dashboard:
     def instances(self, role: str | None = None) -> dict:
         """Live instances: ``{"total": n shown, "by_role": {role: count of all live}, "instances":
         [fleet.instance_view dicts of ``role`` only when given, by role then id]}``."""
-        from magpie.instances import InstanceRegistry
+        from magpie.coordination.instances import InstanceRegistry
 
         views = [fleet.instance_view(r) for r in InstanceRegistry(self.redis, self.settings.redis_prefix)
                  .list_live()]
@@ -150,8 +150,8 @@ class Dashboard:
         return {"total": len(shown), "by_role": fleet.by_role(views), "instances": shown}
 
     def health(self) -> dict:
-        """:func:`magpie.health.check_health` (every probe bounded by ``MAGPIE_HEALTH_TIMEOUT``)."""
-        from magpie.health import check_health
+        """:func:`magpie.observability.health.check_health` (every probe bounded by ``MAGPIE_HEALTH_TIMEOUT``)."""
+        from magpie.observability.health import check_health
 
         return check_health(self.settings)
 

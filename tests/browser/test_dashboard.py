@@ -223,7 +223,7 @@ def test_actions_with_the_token(page, server, settings, redis_client):
 
 
 def test_chart_sampler_runs_in_the_server(server, redis_client, settings):
-    from magpie.web.samples import read_samples
+    from magpie.observability.samples import read_samples
 
     before = len(read_samples(redis_client, settings.redis_prefix, 1000))
     def count() -> int:

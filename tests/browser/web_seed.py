@@ -86,8 +86,8 @@ def _dead_letter_one(settings, redis_client, queue) -> str:
 def _samples(settings, redis_client, queue) -> None:
     """Chart history: check batches recorded as check workers record them, each followed by a sample
     taken as the sampler takes it (dated 10 s apart, ending now)."""
-    from magpie.counters import record_check_batch
-    from magpie.web.samples import ring_key, take_sample
+    from magpie.base.counters import record_check_batch
+    from magpie.observability.samples import ring_key, take_sample
 
     base = queue.server_time_ms() - 40 * 10_000
     for i in range(40):
@@ -102,7 +102,7 @@ def _samples(settings, redis_client, queue) -> None:
 
 
 def _alerts(settings, conn) -> None:
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
 
     ws = conn.execute(sa.text("SELECT id FROM workspaces WHERE name = 'acme'")).scalar_one()
     rule = conn.execute(sa.text(_RULE), {"w": ws}).scalar_one()
@@ -122,9 +122,9 @@ def _alerts(settings, conn) -> None:
 def _fleet(settings, engine, redis_client) -> dict[str, int]:
     """Rotators added as ``magpie rotators add`` adds them, assigned as the assigner writes it, their
     listener state published as a rotator process publishes it; instance records refreshed by
-    :class:`magpie.instances.Heartbeat` (a TTL of an hour, so they outlive a browser test)."""
-    from magpie.crypto import get_keyring
-    from magpie.instances import Heartbeat
+    :class:`magpie.coordination.instances.Heartbeat` (a TTL of an hour, so they outlive a browser test)."""
+    from magpie.base.crypto import get_keyring
+    from magpie.coordination.instances import Heartbeat
     from magpie.rotator.process import state_key
     from magpie.rotator.service import add_rotator
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.queue import QueueKeys, RouteQueue
 from magpie.queue.partitioned import PartitionedSchedule
 from magpie.queue.pg import PgSchedule
@@ -157,7 +157,7 @@ def redis_url(request, backend):
 @pytest.fixture
 def results_key(backend, redis_prefix):
     """``results_key(name)``: a results stream key beside the schedule (tagged ``{default}`` on a cluster,
-    as :func:`magpie.stats.keys.stream_key` does)."""
+    as :func:`magpie.queue.streams.stream_key` does)."""
     return lambda name="results": redis_prefix + ("{default}:" if on_cluster(backend) else "") + name
 
 

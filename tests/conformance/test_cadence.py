@@ -10,7 +10,7 @@ import pytest
 from magpie.errors import RefusedError
 from magpie.queue import Payload
 from magpie.queue.cadence import profile_cadence, restore_profile_cadences, route_cadence, walk_workspace
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 INTERVAL = 60_000
 

@@ -10,7 +10,7 @@ import pytest
 
 from magpie.queue import COMPLETED, LEASE_LOST, REMOVED, Payload
 from magpie.queue.completion import StreamTarget
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def item(i, ws):
@@ -76,7 +76,7 @@ def test_on_a_cluster_a_stream_outside_the_schedules_tag_is_refused_and_changes_
                                                                                        redis_client, redis_prefix):
     """The one cluster difference: the completion script takes the schedule's keys and the stream's in one
     call, so a stream key without the schedule's hash tag is refused (CROSSSLOT) before anything runs;
-    magpie keys the stream ``<prefix>{default}:stats:results`` on a cluster (magpie.stats.keys)."""
+    magpie keys the stream ``<prefix>{default}:stats:results`` on a cluster (magpie.queue.streams)."""
     import redis
     from redis.exceptions import RedisClusterException
 

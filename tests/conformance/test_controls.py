@@ -7,7 +7,7 @@ import pytest
 
 from magpie.errors import Refusal
 from magpie.queue import GONE, LEASE_LOST, LeaseLost, Payload, QueueError, is_lease_score
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def item(i, ws=(1,), user=None, pw=None):

@@ -12,7 +12,7 @@ from magpie.errors import Refusal
 from magpie.queue import (
     GONE, LEASE_LOST, Lease, LeaseLost, Payload, QueueError, is_lease_score,
 )
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def make_items(n, ws=1, start=0):

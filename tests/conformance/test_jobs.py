@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 from magpie.config import load_settings
 from magpie.judges.ownership import drops_key
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 PARTITIONS = 4  # the redis-partitioned provider's count (conftest.PARTITIONS)
@@ -148,9 +148,9 @@ def test_orphan_routes_leave_the_schedule_and_the_database_on_every_provider(jq,
 def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq, job_settings, db, redis_client,
                                                                             tmp_path):
     from magpie.blacklists.sources import add_source, set_policy
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import upsert_routes
-    from magpie.importer.service import schedule_item
+    from magpie.queue.payload import schedule_item
 
     s = job_settings.model_copy(update={"enrich_allow_private": "127.0.0.0/8"})
     rows = upsert_routes(db, get_keyring(s.encryption_key), "gamma",
@@ -171,7 +171,7 @@ def test_blacklist_refresh_takes_a_skipped_route_off_every_schedule_and_back(jq,
 
 
 def test_promote_shares_its_budget_and_the_engines_on_every_provider(jq, job_settings):
-    from magpie.cycle import promote_with_settings
+    from magpie.pipeline.promote import promote_with_settings
 
     jq.schedule([(f"c0nf{i:020x}", Payload(i, Route("http", "127.0.0.1", 9), f"c0nf{i:020x}", [1]).encode())
                  for i in range(40)])
@@ -182,7 +182,7 @@ def test_promote_shares_its_budget_and_the_engines_on_every_provider(jq, job_set
     registry.announce("engine-b", 10, 10_000)
     messages: list = []
     s = job_settings.model_copy(update={"promote_budget": 30})
-    claimed = promote_with_settings(jq, s, messages.append, capacity=registry.total())
+    claimed = promote_with_settings(jq, s.schedule, messages.append, capacity=registry.total())
     assert claimed == 20  # capped by the engines' slots, not the budget
     # messages of the smaller of the grant (30) and the slots (20), divided by the live engines: one
     # engine never gets more than its share of what the pass could claim

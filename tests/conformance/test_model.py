@@ -11,7 +11,7 @@ import pytest
 
 from magpie.errors import Refusal
 from magpie.queue import LeaseLost, Payload, QueueError
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 STEPS = 10_000
 """Steps of the full run (slow tier); the default tier runs the first :data:`QUICK_STEPS` of the sequence."""

@@ -10,7 +10,7 @@ row, the last in quarantine, dead-letter it.
 from __future__ import annotations
 
 from magpie.queue import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def item(i: int) -> tuple[str, str]:

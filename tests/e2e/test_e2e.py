@@ -12,7 +12,7 @@ import pytest
 
 from helpers import TimedOut, checked_until, spawn_celery, stop_group, wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import latest_health
 from magpie.importer.service import import_file
 from magpie.lab.lab import start_free_lab

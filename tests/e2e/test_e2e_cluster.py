@@ -11,10 +11,10 @@ import sqlalchemy as sa
 
 from helpers import checked_until, spawn_celery, stop_group
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.importer.service import import_file
 from magpie.lab.lab import start_free_lab
-from magpie.stats.keys import stream_key
+from magpie.queue.streams import stream_key
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -20,7 +20,7 @@ from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
 from magpie.importer.service import import_file
 from magpie.lab.lab import start_free_lab
-from magpie.ticks import TICK_TASKS, worked
+from magpie.coordination.ticks import TICK_TASKS, worked
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # a 35 s demo-like run: the slow tier

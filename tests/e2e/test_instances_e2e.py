@@ -13,7 +13,7 @@ import pytest
 
 from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
-from magpie.instances import InstanceRegistry
+from magpie.coordination.instances import InstanceRegistry
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -63,7 +63,7 @@ def test_workers_and_beat_register_and_a_killed_worker_disappears_after_its_ttl(
         [beat] = [r for r in live if r["role"] == "beat"]
         assert beat["schedule"]["entries"] > 10 and beat["pid"] == procs["beat"].pid
 
-        from magpie.health import instances_probe
+        from magpie.observability.health import instances_probe
 
         assert "beat schedule bootstrapped" in instances_probe(redis_client, redis_prefix)
 

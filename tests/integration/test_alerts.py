@@ -331,7 +331,7 @@ def test_disabled_rule_is_not_evaluated(db, ws, settings):
 
 
 def test_evaluation_runs_under_its_leader_lock(db, ws, settings, redis_client):
-    from magpie.leader import LeaderLock
+    from magpie.coordination.leader import LeaderLock
 
     routes = make_routes(db, ws, 2)
     set_health(db, routes, alive=False, at=minute(0, -5))
@@ -358,7 +358,7 @@ def test_evaluation_adds_no_queue_work(db, ws, settings, redis_client):
 
 def test_beat_entries_and_task_routes(settings):
     from magpie.alerts.beat import beat_entries
-    from magpie.celery_config import build
+    from magpie.wiring.celery_config import build
 
     entries = beat_entries(settings)
     assert {e["task"] for e in entries.values()} == {
@@ -367,8 +367,8 @@ def test_beat_entries_and_task_routes(settings):
     assert entries["alerts-evaluate"]["schedule"] == timedelta(seconds=60)
     conf = build(settings)
     assert set(entries) <= set(conf["beat_schedule"])
-    import magpie.tasks  # noqa: F401 - registers the tasks
-    from magpie.celery_app import app
+    import magpie.wiring.tasks  # noqa: F401 - registers the tasks
+    from magpie.wiring.celery_app import app
 
     assert {e["task"] for e in entries.values()} <= set(app.tasks)
 
@@ -424,7 +424,7 @@ def test_transition_state_and_notifications_commit_together(db, ws, settings, mo
 
 
 def test_celery_tasks_call_into_the_packages(db, ws, settings, redis_client, monkeypatch):
-    from magpie import runtime, tasks
+    from magpie.wiring import runtime, tasks
 
     monkeypatch.setattr(runtime, "settings", lambda: settings)
     monkeypatch.setattr(runtime, "engine", lambda: db)

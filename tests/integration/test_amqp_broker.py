@@ -16,7 +16,8 @@ from kombu import Queue
 
 from helpers import spawn_celery, stop_group, wait_until
 
-from magpie.celery_config import AMQP_DELIVERY_LIMIT, QUEUES, build
+from magpie.base.broker import AMQP_DELIVERY_LIMIT, QUEUES
+from magpie.wiring.celery_config import build
 from magpie.lab.rabbitmq import ctl
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +44,7 @@ def test_worker_declares_quorum_queues_and_runs_tasks_sent_through_them(settings
     s = settings.model_copy(update={"broker_url": amqp_vhost.url, "broker_key_prefix": ""})
     log_path = tmp_path / "worker.log"
     log = open(log_path, "w")
-    # it consumes two queues, and declares every magpie queue (magpie.worker.declare_amqp_queues)
+    # it consumes two queues, and declares every magpie queue (magpie.wiring.worker.declare_amqp_queues)
     worker = spawn_celery(["worker", "-Q", "promote,checks", "-n", f"amqp-{uuid.uuid4().hex[:6]}@%h",
                            "--concurrency=1", "--loglevel=info", "--without-mingle", "--without-gossip"],
                           _env(settings, amqp_vhost, pg_url), log, ROOT)
@@ -101,7 +102,7 @@ def test_an_amqp_password_never_reaches_health_output_or_json_logs(amqp_vhost, m
 
     import logging
 
-    from magpie.logs import JsonFormatter
+    from magpie.observability.logs import JsonFormatter
 
     # a worker's JSON log masks the broker URL's password even where a message repeats it bare
     monkeypatch.setenv("MAGPIE_BROKER_URL", url)

@@ -46,7 +46,7 @@ def seeded_app(pg_url):
 
     from magpie.apitokens.store import create_token
     from magpie.config import load_settings
-    from magpie.operations import create_workspace
+    from magpie.admin.operations import create_workspace
     from magpie.web.service import Dashboard
 
     prefix = f"magpie-test:{uuid.uuid4().hex[:12]}:"

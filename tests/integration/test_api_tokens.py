@@ -35,7 +35,7 @@ def make_app(settings, db, redis_client, **updates):
 
 @pytest.fixture
 def workspaces(db):
-    from magpie.operations import create_workspace
+    from magpie.admin.operations import create_workspace
 
     return {name: create_workspace(db, name)["id"] for name in ("acme", "beta")}
 
@@ -319,7 +319,7 @@ def test_route_and_history_pages_are_scoped(client, db, tokens):
 
 # -- rate limit ---------------------------------------------------------------------------------------
 def test_rate_limit_is_per_token_with_retry_after_and_counted(settings, db, redis_client, tokens):
-    from magpie.metrics import build_registry
+    from magpie.observability.metrics import build_registry
 
     app = make_app(settings, db, redis_client, api_rate=0.5, api_burst=3)
     with TestClient(app, base_url="http://127.0.0.1") as c:

@@ -15,14 +15,15 @@ from click.testing import CliRunner
 from magpie.blacklists.sources import add_source, parse_entries, set_policy
 from magpie.cli import main
 from magpie.config import get_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import import_file, schedule_item
-from magpie.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.importer.service import import_file
+from magpie.queue.payload import schedule_item
+from magpie.coordination.leader import LeaderLock
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
 from magpie.queue import RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 JOB = "blacklist_refresh"
 

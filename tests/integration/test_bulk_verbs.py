@@ -99,7 +99,7 @@ def test_workspace_delete_leaves_a_leased_route_and_the_workspace(cli, two_works
 
 
 def test_detach_keeps_a_workspace_an_import_adds_between_read_and_removal(cli, two_workspaces, db):
-    from magpie.operations import _detach
+    from magpie.admin.operations import _detach
 
     q, h = queue(), two_workspaces
     alpha = next(r["id"] for r in js(cli("workspaces", "list", "--json")) if r["name"] == "alpha")

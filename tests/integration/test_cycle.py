@@ -16,14 +16,14 @@ import pytest
 
 from helpers import TimedOut, wait_until
 
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 from magpie.checker import CheckResult
-from magpie.checkpool import CheckPool
-from magpie.cycle import promote
+from magpie.pipeline.checkpool import CheckPool
+from magpie.pipeline.promote import promote
 from magpie.queue import Lease, Payload, QueueKeys, RouteQueue, is_lease_score
 from magpie.queue.capacity import CapacityRegistry
 from magpie.queue.completion import StreamTarget
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 class FakeEngine:
@@ -407,7 +407,7 @@ def test_fd_limit_below_the_configured_concurrency_is_reported_and_respected():
 
 def test_runtime_resources_build_in_any_order(monkeypatch, settings):
     """route_queue() builds redis_client() inside its own factory: the cache lock must be re-entrant."""
-    from magpie import runtime
+    from magpie.wiring import runtime
 
     monkeypatch.setattr(runtime, "_cache", {})
     monkeypatch.setattr(runtime, "settings", lambda: settings)
@@ -636,8 +636,8 @@ def test_each_started_lease_reports_its_way_from_claim_to_start(q):
 
 
 def test_start_timings_feed_the_claim_to_start_histograms(redis_client, redis_prefix):
-    from magpie import counters
-    from magpie.checkpool import StartTiming
+    from magpie.base import counters
+    from magpie.pipeline.checkpool import StartTiming
 
     base = 1_700_000_000_000.0
     samples = [StartTiming(base, base + 10, base + 30, base + 31, base + 80, base - 1000),

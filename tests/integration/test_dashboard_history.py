@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 
 TOKEN = "dashboard-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -24,7 +24,7 @@ def _client(settings, db, redis_client):
 
 
 def test_two_passes_of_the_job_make_two_points_without_a_dashboard_running(settings, db, redis_client):
-    from magpie.counters import record_check_batch
+    from magpie.base.counters import record_check_batch
 
     with _client(settings, db, redis_client) as c:
         assert c.get("/api/series", headers=AUTH).json()["points"] == []
@@ -56,8 +56,9 @@ def test_snapshots_past_their_retention_are_deleted(settings, db, redis_client):
 
 
 def test_the_job_has_a_beat_entry_on_the_maintenance_queue_and_its_own_leader_lock(settings, db, redis_client):
-    from magpie.leader import LeaderLock
-    from magpie.maintenance.beat import TASK, beat_entries
+    from magpie.coordination.leader import LeaderLock
+    from magpie.maintenance.beat import TASK
+    from magpie.wiring.jobs import beat_entries
 
     entry = beat_entries(settings)["maintenance-dashboard_snapshot"]
     assert entry["task"] == TASK and entry["args"] == ["dashboard_snapshot"]

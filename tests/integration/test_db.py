@@ -8,13 +8,13 @@ import pytest
 from helpers import run_concurrently
 import sqlalchemy as sa
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db import migrate
 from magpie.db.repo import all_route_records, latest_health, upsert_routes
 from magpie.db.session import get_engine, session_scope
-from magpie.importer.service import schedule_item
+from magpie.queue.payload import schedule_item
 from magpie.queue.payload import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "test-key-0123456789abcdef"
 

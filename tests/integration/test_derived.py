@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.derived.reputation import History, Params, score
-from magpie.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.coordination.leader import LeaderLock
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "test-key-0123456789abcdef"
 NOW = datetime(2026, 3, 10, 12, 34, 56, tzinfo=UTC)

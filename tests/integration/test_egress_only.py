@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from magpie import egress
-from magpie.egress import EgressBlocked, EgressPolicy, EgressRefused
+from magpie.base import egress
+from magpie.base.egress import EgressBlocked, EgressPolicy, EgressRefused
 
 OUTSIDE = "192.0.2.1"
 
@@ -90,7 +90,7 @@ def test_a_subprocess_inherits_the_guard():
 
 def test_a_check_to_an_outside_proxy_is_refused(no_dial):
     from magpie.checker.engine import CheckEngine
-    from magpie.routes import Route
+    from magpie.base.routes import Route
 
     async def run():
         for guard in (EgressPolicy(True), None):  # allowing every range, or no policy of its own
@@ -159,7 +159,7 @@ def test_a_value_from_settings_only_reaches_the_guard_and_subprocesses(monkeypat
 def test_an_outside_route_is_refused_at_import_and_an_outside_judge_when_added(settings, db):
     from magpie.importer.service import egress_refusal
     from magpie.judges.store import add_judge
-    from magpie.routes import Route
+    from magpie.base.routes import Route
 
     s = settings.model_copy(update={"check_allow_private": "true"})
     refuse = egress_refusal(s)

@@ -17,7 +17,7 @@ from helpers import TimedOut, await_until
 
 from magpie.checker import CheckEngine, Checker
 from magpie.lab.faults import FaultLab
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_sync_checker_checks_many_in_order(faults):
 @pytest.mark.parametrize("host", ["169.254.169.254", "10.0.0.1", "192.168.1.1", "fd00::1", "2002:a9fe:a9fe::1",
                                   "localhost"])
 def test_egress_guard_refuses_before_any_connection(host, monkeypatch):
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
 
     dialed = []
 
@@ -192,7 +192,7 @@ def test_egress_guard_refuses_before_any_connection(host, monkeypatch):
 
 
 def test_egress_guard_refuses_a_private_judge_too(faults):
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
 
     eng = CheckEngine(judge_of(faults), timeout=1.0, attempts=1, own_addresses={"127.0.0.1"},
                       egress=EgressPolicy("127.0.0.20/30"))  # the echo proxy is allowed, the judge is not

@@ -19,17 +19,17 @@ from netaddr import IPSet
 
 from helpers import wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.enrich.abuse import AbuseError, AbuseIPDBClient, RateLimited, TokenBucket
 from magpie.enrich.caches import CacheCollector, TTLCache
 from magpie.enrich.geo import GeoDatabases, channel, listen, network_type
 from magpie.importer.service import import_file
-from magpie.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.coordination.leader import LeaderLock
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.runner import read_job_status
 from magpie.queue import RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 JOB = "geo_enrichment"
 

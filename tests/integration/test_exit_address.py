@@ -16,12 +16,12 @@ from helpers import append_entries
 
 from magpie.checker.check import Checker, LoopThread
 from magpie.checker.judge import start_judge
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.enrich.geo import GeoDatabases
-from magpie.export import ExportFilter, stream_export
-from magpie.maintenance import run_job
-from magpie.routes import Route
+from magpie.admin.export import ExportFilter, stream_export
+from magpie.wiring.jobs import run_job
+from magpie.base.routes import Route
 from magpie.stats.consumer import ingest
 from magpie.stats.entry import entry_fields
 
@@ -189,7 +189,7 @@ def test_the_rotator_exit_country_filter_is_checked():
 
 def test_the_check_pool_publishes_the_exit_address(exit_lab, redis_client, redis_prefix):
     from magpie.checker.engine import CheckEngine
-    from magpie.checkpool import CheckPool
+    from magpie.pipeline.checkpool import CheckPool
     from magpie.queue import Payload, QueueKeys, RouteQueue
     from magpie.queue.completion import StreamTarget
 

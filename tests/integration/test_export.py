@@ -1,4 +1,4 @@
-"""``magpie export`` and :func:`magpie.export.stream_export` against real PostgreSQL.
+"""``magpie export`` and :func:`magpie.admin.export.stream_export` against real PostgreSQL.
 
 Routes, health, enrichment and reputation are seeded straight into their tables; the formats are read back
 with the importer's parser, the csv and json modules.
@@ -17,10 +17,10 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
-from magpie.crypto import get_keyring
-from magpie.export import ExportError, ExportFilter, stream_export
+from magpie.base.crypto import get_keyring
+from magpie.admin.export import ExportError, ExportFilter, stream_export
 from magpie.importer.parse import parse_line
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 SECRET = "p@ss:w0rd/%"
 
@@ -149,7 +149,7 @@ def test_credentials_only_when_asked_and_the_asking_is_audited(db, settings, key
 
 
 def test_the_stream_uses_a_server_side_cursor_and_releases_it(db, settings, keyring, monkeypatch):
-    import magpie.export as export
+    import magpie.admin.export as export
 
     many = [("http", f"203.0.113.{i}", 8000 + i, None, None, True, float(i), "elite", "DE", 50.0, None, None)
             for i in range(1, 11)]

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from helpers import TimedOut, elapse, wait_until
 
-from magpie.instances import (
+from magpie.coordination.instances import (
     BASE_FIELDS,
     Heartbeat,
     InstanceRegistry,
@@ -111,11 +111,11 @@ def test_fair_share():
 
 
 def test_promote_splits_its_budget_between_beats_and_its_leases_between_engines(redis_client, redis_prefix):
-    from magpie.cycle import promote_with_settings
+    from magpie.pipeline.promote import promote_with_settings
     from magpie.queue import QueueKeys, RouteQueue
     from magpie.queue.capacity import CapacityRegistry
     from magpie.queue.payload import Payload
-    from magpie.routes import Route
+    from magpie.base.routes import Route
 
     q = RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
     assert promote_shares(q, 1000) .want == 1000  # nobody registered: the whole budget, one engine
@@ -151,11 +151,11 @@ def test_promote_splits_its_budget_between_beats_and_its_leases_between_engines(
 def test_promote_sizes_its_messages_by_the_engines_slots_when_fewer_than_the_budget(redis_client, redis_prefix):
     """A pass bounded by the slots (not the budget) still goes out in one message per engine: one engine
     never takes the whole pass while the others idle (seen across network namespaces, docs/multinode.md)."""
-    from magpie.cycle import promote_with_settings
+    from magpie.pipeline.promote import promote_with_settings
     from magpie.queue import QueueKeys, RouteQueue
     from magpie.queue.capacity import CapacityRegistry
     from magpie.queue.payload import Payload
-    from magpie.routes import Route
+    from magpie.base.routes import Route
 
     q = RouteQueue(redis_client, QueueKeys(redis_prefix, 4), interval_ms=60_000, lease_ms=60_000)
     caps = CapacityRegistry(redis_client, q.keys)
@@ -185,8 +185,8 @@ def test_instance_sweep_job_runs_under_its_lock_and_reports_live_roles(settings,
                                                                        redis_prefix):
     import sqlalchemy as sa
 
-    from magpie.leader import LeaderLock
-    from magpie.maintenance import run_job
+    from magpie.coordination.leader import LeaderLock
+    from magpie.wiring.jobs import run_job
 
     db = sa.create_engine(pg_url)
     try:
@@ -214,7 +214,7 @@ def test_instance_sweep_job_runs_under_its_lock_and_reports_live_roles(settings,
 
 
 def test_readiness_reports_instances_and_the_beat_schedule_bootstrap(redis_client, redis_prefix):
-    from magpie.health import instances_probe
+    from magpie.observability.health import instances_probe
 
     d = instances_probe(redis_client, redis_prefix)
     assert "no beat instance" in d and type(d).__name__ == "_Warning"
@@ -230,8 +230,8 @@ def test_readiness_reports_instances_and_the_beat_schedule_bootstrap(redis_clien
 
 def test_maintenance_status_lists_every_family_with_cadence_and_last_success(settings, pg_url, db, cli_env,
                                                                              redis_client, redis_prefix):
-    from magpie.maintenance import run_job
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import run_job
+    from magpie.wiring.jobs import JOBS
 
     assert run_job("workspace_snapshots", settings, engine=db)["status"] == "ok"
     Heartbeat("worker", redis_client, redis_prefix, interval=1, ttl=10).beat_once()

@@ -19,16 +19,16 @@ from helpers import wait_until
 from magpie.checker.check import LoopThread
 from magpie.checker.judge import make_judge_server
 from magpie.checker.result import CheckResult
-from magpie.checkpool import CheckPool, result_entry
+from magpie.pipeline.checkpool import CheckPool, result_entry
 from magpie.judges import store
 from magpie.judges.cache import ConfigCache, read_cache_records
 from magpie.judges.checking import ProfiledEngine
 from magpie.judges.ownership import OwnerChanges, drops_key
 from magpie.lab.forward import ForwardProxy
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload, RouteQueue
 from magpie.queue.completion import StreamTarget
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats.entry import entry_fields, parse_entry
 from magpie.stats.store import apply_results
 

@@ -21,11 +21,11 @@ from click.testing import CliRunner
 
 from magpie.cli import main
 from magpie.config import get_settings
-from magpie.crypto import KeyMismatchError, get_keyring, key_fingerprint
+from magpie.base.crypto import KeyMismatchError, get_keyring, key_fingerprint
 from magpie.db import migrate
 from magpie.db.keycheck import read_status, verify_key
 from magpie.db.repo import upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-0123456789abcdef"

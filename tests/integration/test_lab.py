@@ -23,7 +23,7 @@ from magpie.checker import CONNECTION_ERRORS, Checker, check_many
 from magpie.lab import LAB_PASSWORD, LAB_USER, Lab, LabError, find_free_base_port, start_free_lab
 from magpie.lab.forward import ForwardProxy, is_loopback_host
 from magpie.lab.lab import egress_host, listen_host
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 SLOW = 1.0
 TIMEOUT = 3.0

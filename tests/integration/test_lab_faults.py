@@ -21,7 +21,7 @@ import requests
 from helpers import TimedOut, wait_until
 
 from magpie.checker import parse_echo
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.importer.parse import parse_lines
 from magpie.lab import find_free_base_port
 from magpie.lab.faults import (
@@ -35,7 +35,7 @@ from magpie.lab.faults import (
     start_free_fault_lab,
 )
 from magpie.lab.tarpit import REAP_INTERVAL, queue_info
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 SLOW = 1.0
 REPO = Path(__file__).resolve().parents[2]

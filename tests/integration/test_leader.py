@@ -2,7 +2,7 @@
 
 from helpers import elapse, wait_until
 
-from magpie.leader import LeaderLock
+from magpie.coordination.leader import LeaderLock
 
 
 def test_two_contenders_one_leader_then_hand_over(redis_client, redis_prefix):

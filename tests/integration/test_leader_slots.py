@@ -4,7 +4,7 @@ outbox housekeeping take the same slot guard as the maintenance jobs (redbeat#23
 from __future__ import annotations
 
 from magpie.alerts.evaluate import run_evaluation
-from magpie.leader import claim_cadence_slot
+from magpie.coordination.leader import claim_cadence_slot
 from magpie.outbox.service import run_housekeeping
 
 

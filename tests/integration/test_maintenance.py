@@ -12,17 +12,18 @@ import sqlalchemy as sa
 
 from helpers import wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
-from magpie.leader import LeaderLock
-from magpie.maintenance import run_job
+from magpie.queue.payload import schedule_item
+from magpie.coordination.leader import LeaderLock
+from magpie.wiring.jobs import run_job
 from magpie.maintenance.base import Job
 from magpie.maintenance.partitions import create_month_partition, list_partitions
 from magpie.maintenance.rebuild import marker_key, rebuild_schedule
-from magpie.maintenance.runner import job_status, read_job_status
+from magpie.maintenance.runner import read_job_status
+from magpie.wiring.jobs import job_status
 from magpie.queue import QueueError, RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "test-key-0123456789abcdef"
 
@@ -527,7 +528,7 @@ def test_rebuild_keeps_routes_still_present_and_readds_lost_ones(s, db, redis_cl
 
 
 def test_run_all_jobs_on_an_empty_deployment_and_report_status(s, db, redis_client):
-    from magpie.maintenance.runner import run_all
+    from magpie.wiring.jobs import run_all
 
     results = run_all(s, engine=db, redis=redis_client)
     assert all(r["status"] == "ok" for r in results), results

@@ -12,21 +12,22 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from magpie.config import get_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
-from magpie.leader import LeaderLock
-from magpie.maintenance import run_job
-from magpie.counters import (
+from magpie.queue.payload import schedule_item
+from magpie.coordination.leader import LeaderLock
+from magpie.wiring.jobs import run_job
+from magpie.base.counters import (
     LATENESS_BUCKETS,
     check_outcomes,
     count_stats_drops,
     read_counters,
     record_check_batch,
 )
-from magpie.metrics import build_registry, serve
+from magpie.observability.metrics import build_registry, serve
+from magpie.wiring.jobs import JOBS
 from magpie.queue import RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import encode_result, ensure_group, stream_key
 
 KEY = "test-key-0123456789abcdef"
@@ -44,7 +45,7 @@ def _scrape(url: str) -> dict[tuple[str, tuple], float]:
 
 @pytest.fixture
 def exporter(settings, pg_url):
-    server, thread = serve(settings, "127.0.0.1", 0)
+    server, thread = serve(settings, "127.0.0.1", 0, jobs=JOBS.values())
     yield f"http://127.0.0.1:{server.server_port}/metrics"
     server.shutdown()
     server.server_close()
@@ -142,7 +143,8 @@ def test_a_source_down_drops_its_metrics_not_the_scrape(settings, db):
     from redis.retry import Retry
 
     down = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0))
-    server, thread = serve(settings, "127.0.0.1", 0, registry=build_registry(settings, redis=down, engine=db))
+    registry = build_registry(settings, jobs=JOBS.values(), redis=down, engine=db)
+    server, thread = serve(settings, "127.0.0.1", 0, registry=registry)
     try:
         m = _scrape(f"http://127.0.0.1:{server.server_port}/metrics")
     finally:
@@ -216,10 +218,9 @@ def test_cli_maintenance_run_and_status(cli_env, db):
 
 
 def test_beat_entries_cover_every_job_with_expiry_and_overrides(settings):
-    from magpie.celery_config import build
+    from magpie.wiring.celery_config import build
     from magpie.config import ConfigError
-    from magpie.maintenance.beat import beat_entries
-    from magpie.maintenance.registry import JOBS
+    from magpie.wiring.jobs import JOBS, beat_entries
 
     entries = beat_entries(settings)
     assert set(entries) == {f"maintenance-{j}" for j in JOBS}

@@ -16,7 +16,7 @@ import pytest
 
 from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
-from magpie.logs import JsonFormatter
+from magpie.observability.logs import JsonFormatter
 
 ROOT = Path(__file__).resolve().parents[2]
 DB_PASSWORD = "pg-passw0rd-in-url"
@@ -57,7 +57,7 @@ def test_json_formatter_masks_secret_settings_of_the_environment(monkeypatch):
 def test_cli_logs_json_lines_and_refuses_an_unknown_format(tmp_path):
     env = dict(os.environ, MAGPIE_LOG_FORMAT="json", MAGPIE_REDIS_URL="redis://127.0.0.1:1/0",
                PROXY_ENCRYPTION_KEY="test-key-0123456789abcdef")
-    code = ("import logging, sys; from magpie.logs import setup_cli_logging; setup_cli_logging(); "
+    code = ("import logging, sys; from magpie.observability.logs import setup_cli_logging; setup_cli_logging(); "
             "logging.getLogger('magpie.x').warning('hello %s', 'redis://:pw12345678@h/0')")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     out = json.loads(res.stderr.strip())

@@ -17,13 +17,13 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from magpie.config import Settings
-from magpie.counters import CHECK_OUTCOMES, LATENCY_BUCKETS, read_counters, record_check_latency
-from magpie.crypto import get_keyring
+from magpie.base.counters import CHECK_OUTCOMES, LATENCY_BUCKETS, read_counters, record_check_latency
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.maintenance.beat import cadences
-from magpie.maintenance.registry import JOBS
-from magpie.metrics import serve
-from magpie.routes import Route
+from magpie.wiring.jobs import JOBS
+from magpie.observability.metrics import serve
+from magpie.base.routes import Route
 from magpie.stats import encode_result, ensure_group
 from magpie.stats.drain import ingest_backlog
 
@@ -48,7 +48,7 @@ def _scrape(url: str) -> tuple[dict[tuple[str, tuple], float], dict[str, set[str
 @pytest.fixture
 def exporter(settings, pg_url):
     tuned = settings.model_copy(update={"metrics_route_cache": 0.0})
-    server, thread = serve(tuned, "127.0.0.1", 0)
+    server, thread = serve(tuned, "127.0.0.1", 0, jobs=JOBS.values())
     yield f"http://127.0.0.1:{server.server_port}/metrics"
     server.shutdown()
     server.server_close()
@@ -86,7 +86,7 @@ def test_known_label_sets_are_exported_at_zero_before_anything_happened(settings
         assert m[("magpie_checks_total", (("outcome", outcome),))] == 0
     for policy in ("block", "drop_new", "evict_oldest"):
         assert m[("magpie_statistics_dropped_total", (("policy", policy),))] == 0
-    every = cadences(settings)
+    every = cadences(settings, JOBS.values())
     for job in JOBS:
         lab = (("maintenance_job", job),)
         assert m[("magpie_maintenance_last_success_timestamp_seconds", lab)] == 0
@@ -136,7 +136,7 @@ def test_alive_routes_and_latency_come_from_stored_results(settings, db, redis_c
 def test_alive_route_label_sets_are_bounded(settings, db, redis_client, redis_prefix):
     _store_checked_routes(settings, db, redis_client, redis_prefix)
     tuned = settings.model_copy(update={"metrics_route_series": 2, "metrics_route_cache": 60.0})
-    server, thread = serve(tuned, "127.0.0.1", 0)
+    server, thread = serve(tuned, "127.0.0.1", 0, jobs=JOBS.values())
     url = f"http://127.0.0.1:{server.server_port}/metrics"
     try:
         m, _ = _scrape(url)
@@ -217,7 +217,7 @@ def _check_against_export(exprs: list[str], exported: dict[str, set[str]], recor
 @pytest.fixture
 def full_export(settings, db, redis_client, redis_prefix, exporter):
     """A scrape of a deployment that has done a bit of everything (so every family has samples)."""
-    from magpie.maintenance import run_job
+    from magpie.wiring.jobs import run_job
 
     _store_checked_routes(settings, db, redis_client, redis_prefix)
     assert run_job("token_expiry", settings, engine=db, redis=redis_client)["status"] == "ok"

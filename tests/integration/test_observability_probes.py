@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import requests
 
-from magpie.metrics import serve
-from magpie.probes import READY_PROBES, Readiness
+from magpie.observability.metrics import serve
+from magpie.observability.probes import READY_PROBES, Readiness
 
 SECRET = "s3cret-broker-passw0rd"
 

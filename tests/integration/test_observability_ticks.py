@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from magpie.celery_config import build
-from magpie.ticks import TICK_TASKS, annotations, did_work, quiet_beat, worked
+from magpie.wiring.celery_config import build
+from magpie.coordination.ticks import TICK_TASKS, annotations, did_work, quiet_beat, worked
 
 
 @pytest.mark.parametrize("result, expected", [
@@ -55,10 +55,10 @@ def test_every_frequent_beat_entry_is_a_quiet_tick(settings):
 
 
 def test_annotations_reach_the_registered_tasks():
-    import magpie.tasks  # noqa: F401 - registers the tasks
+    import magpie.wiring.tasks  # noqa: F401 - registers the tasks
     from celery.app.trace import task_has_custom
 
-    from magpie.celery_app import app
+    from magpie.wiring.celery_app import app
 
     for name in TICK_TASKS:
         task = app.tasks[name]

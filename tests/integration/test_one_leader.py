@@ -13,13 +13,14 @@ from private_redis import PrivateRedis
 
 from helpers import elapse
 
-from magpie.cycle import give_back_promote_budget, promote_with_settings, take_promote_budget
-from magpie.fencing import StaleLeader, fence, newest_generation
-from magpie.leader import LeaderLock
+from magpie.pipeline.promote import give_back_promote_budget, promote_with_settings, take_promote_budget
+from magpie.coordination.fencing import StaleLeader, fence, newest_generation
+from magpie.coordination.leader import LeaderLock
 from magpie.maintenance.base import Job
-from magpie.maintenance.runner import read_job_status, run_job
+from magpie.maintenance.runner import read_job_status
+from magpie.wiring.jobs import run_job
 from magpie.queue import Payload, QueueKeys, RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def test_redis_restarted_empty_the_holder_stops_within_one_renewal_and_no_two_lead(tmp_path):

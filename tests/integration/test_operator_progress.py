@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from magpie.cli import main
 from magpie.config import get_settings
 from magpie.queue import Payload, RouteQueue
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from magpie.maintenance import interval as iv
-from magpie.maintenance.runner import run_job
+from magpie.wiring.jobs import run_job
 from magpie.queue import QueueKeys, RouteQueue
 from magpie.queue.payload import Payload
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def _items(n: int):

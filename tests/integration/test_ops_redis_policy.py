@@ -16,7 +16,7 @@ from private_redis import PrivateRedis
 from helpers import wait_until
 
 from magpie.db.keycheck import verify_key
-from magpie.redis_policy import EvictionPolicyError, check_policy, eviction_policy, verify_redis_policy_at_start
+from magpie.queue.redis_policy import EvictionPolicyError, check_policy, eviction_policy, verify_redis_policy_at_start
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "test-key-0123456789abcdef"
@@ -71,7 +71,7 @@ def test_policy_read_from_a_real_server_and_unknown_when_config_is_disabled(priv
 
     c = _start(private, "--rename-command", "CONFIG", "", "--maxmemory-policy", "allkeys-lru")
     assert eviction_policy(c) is None
-    with caplog.at_level(logging.WARNING, logger="magpie.redis_policy"):
+    with caplog.at_level(logging.WARNING, logger="magpie.queue.redis_policy"):
         assert verify_redis_policy_at_start(
             settings.model_copy(update={"redis_url": f"redis://127.0.0.1:{private.port}/0"})) is None
     assert any("refused CONFIG GET" in r.getMessage() for r in caplog.records)

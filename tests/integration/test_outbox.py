@@ -199,7 +199,7 @@ def test_housekeeping_returns_expired_claims_respecting_max_attempts(db, mail_se
 
     # retention: housekeeping deletes nothing; the outbox_cleanup maintenance job deletes terminal rows
     # older than MAGPIE_OUTBOX_RETENTION_SECONDS and keeps newer ones
-    from magpie.maintenance import run_job
+    from magpie.wiring.jobs import run_job
 
     old = expired - dt.timedelta(seconds=s.outbox_retention_seconds + 60)
     with db.begin() as c:
@@ -215,7 +215,7 @@ def test_housekeeping_returns_expired_claims_respecting_max_attempts(db, mail_se
 
 
 def test_housekeeping_is_leader_coordinated(db, mail_settings, redis_client):
-    from magpie.leader import LeaderLock
+    from magpie.coordination.leader import LeaderLock
 
     other = LeaderLock(redis_client, mail_settings.redis_prefix, "outbox-housekeeping", 5000)
     assert other.acquire()

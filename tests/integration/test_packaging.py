@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow  # builds and installs a wheel: the slow tier
 
 CYCLE = """
 import json, os, time, magpie
-from magpie import runtime
-from magpie.cycle import promote
+from magpie.wiring import runtime
+from magpie.pipeline.promote import promote
 from magpie.queue import Lease
 pool = runtime.check_pool()
 q = runtime.route_queue()

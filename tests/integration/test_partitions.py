@@ -7,7 +7,7 @@ import pytest
 import sqlalchemy as sa
 
 from magpie.config import load_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
 from magpie.errors import Refusal
 from magpie.queue import Payload, QueueError, RouteQueue
@@ -15,7 +15,7 @@ from magpie.queue.completion import StreamTarget
 from magpie.queue.partitioned import PartitionedSchedule
 from magpie.queue.partitions import partition_of, settings_stream_pairs
 from magpie.queue.provider import create_provider
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import GROUP, encode_result
 from magpie.stats.drain import ingest_backlog
 from magpie.stats.status import pending_summary

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 
 from helpers import elapse
 
-from magpie.health import check_health
+from magpie.observability.health import check_health
 from magpie.queue import QueueKeys
 from magpie.queue.pg import PgSchedule
 from magpie.queue.pg.health import schedule_health

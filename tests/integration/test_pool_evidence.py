@@ -97,7 +97,7 @@ def test_a_lease_a_dead_process_started_is_not_started_again(private_q):
 
 
 def test_an_isolated_check_whose_process_died_is_reported_as_the_routes_crash(private_q):
-    from magpie.isolation import IsolatedCrash
+    from magpie.pipeline.isolation import IsolatedCrash
 
     q = private_q
     q.lease_ms = 60_000

@@ -18,11 +18,11 @@ from click.testing import CliRunner
 from helpers import wait_until
 
 from magpie.checker import CheckResult
-from magpie.checkpool import CheckPool
+from magpie.pipeline.checkpool import CheckPool
 from magpie.cli import main
 from magpie.config import get_settings
-from magpie.crypto import get_keyring
-from magpie.cycle import promote
+from magpie.base.crypto import get_keyring
+from magpie.pipeline.promote import promote
 from magpie.importer.service import import_file
 from magpie.lab.lab import LAB_PASSWORD, LAB_USER, start_free_lab
 from magpie.maintenance.rebuild import rebuild_schedule
@@ -31,7 +31,7 @@ from magpie.queue import migrate as migrate_mod
 from magpie.queue.completion import StreamTarget
 from magpie.queue.migrate import migrate_payloads
 from magpie.queue.payload import payload_revision, read_cipher
-from magpie.stats.keys import stream_key
+from magpie.queue.streams import stream_key
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORDS = ("Zq9-distinct-pw-A", "Zq9-distinct-pw-B")
@@ -328,8 +328,8 @@ def test_queue_update_honours_the_setting(db, cli, q, listfile, settings):
 
 CYCLE = """
 import json
-from magpie import runtime
-from magpie.cycle import promote
+from magpie.wiring import runtime
+from magpie.pipeline.promote import promote
 from magpie.queue import Lease
 pool = runtime.check_pool()
 q = runtime.route_queue()

@@ -19,10 +19,10 @@ from helpers import elapse, run_concurrently, wait_until
 from magpie.checker.check import LoopThread
 from magpie.checker.engine import CheckEngine
 from magpie.checker.judge import JudgeHandler, JudgeServer
-from magpie.counters import read_counters
+from magpie.base.counters import read_counters
 from magpie.lab.forward import ForwardProxy
-from magpie.ratelimit import BlockLimiter, TokenBucket, WorkspaceBudget, bucket_key, take_many
-from magpie.routes import Route
+from magpie.coordination.ratelimit import BlockLimiter, TokenBucket, WorkspaceBudget, bucket_key, take_many
+from magpie.base.routes import Route
 
 REDIS_URL = "redis://127.0.0.1:6379/15"
 
@@ -263,7 +263,7 @@ def test_workspace_budget_defers_routes_of_workspaces_over_budget(redis_client, 
 
 
 def test_promote_defers_claims_of_a_workspace_over_budget(settings, redis_client):
-    from magpie.cycle import promote
+    from magpie.pipeline.promote import promote
     from magpie.queue import Payload, QueueKeys, RouteQueue
 
     q = RouteQueue(redis_client, QueueKeys(settings.redis_prefix, 2), interval_ms=1, lease_ms=60_000)
@@ -320,8 +320,8 @@ def test_rotator_refuses_connections_above_the_client_rate(redis_client, redis_p
 def test_exporter_shows_rate_limit_counters(settings, redis_client):
     from prometheus_client import generate_latest
 
-    from magpie.metrics import build_registry
-    from magpie.ratelimit import EventCounts
+    from magpie.observability.metrics import build_registry
+    from magpie.coordination.ratelimit import EventCounts
 
     c = EventCounts(redis_client, settings.redis_prefix, "workspace")
     c.add("deferred", 3)

@@ -7,21 +7,22 @@ from __future__ import annotations
 import pytest
 import sqlalchemy as sa
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.config import load_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.importer.service import schedule_item
-from magpie.instances import InstanceRegistry
+from magpie.queue.payload import schedule_item
+from magpie.coordination.instances import InstanceRegistry
 from magpie.lab.cluster import key_slot
-from magpie.leader import LeaderLock, generation_key, lock_key, locks_held
+from magpie.coordination.leader import LeaderLock, generation_key, lock_key, locks_held
 from magpie.queue import COMPLETED, QueueKeys, RouteQueue
 from magpie.queue.capacity import CapacityRegistry
 from magpie.queue.completion import StreamTarget
-from magpie.ratelimit import TokenBucket, bucket_key, take_many
-from magpie.routes import Route
+from magpie.coordination.ratelimit import TokenBucket, bucket_key, take_many
+from magpie.base.routes import Route
 from magpie.stats import GROUP, encode_result, ingest, pending_summary
-from magpie.stats.keys import dead_key, infra_key, stream_key
+from magpie.queue.streams import dead_key, infra_key, stream_key
+from magpie.wiring.jobs import JOBS
 from helpers import wait_until
 
 pytestmark = pytest.mark.slow  # a private 3+3 cluster per session: the cluster tier runs in make test-all
@@ -171,7 +172,7 @@ def test_payload_migration_scans_the_cluster(redis_cluster, cluster_client, clus
 
 
 def test_eviction_policy_is_checked_on_every_primary(redis_cluster, cluster_client):
-    from magpie.redis_policy import eviction_policy
+    from magpie.queue.redis_policy import eviction_policy
 
     assert eviction_policy(cluster_client) == "noeviction"
     last = redis_cluster.node(redis_cluster.masters_ports()[-1]).client()
@@ -216,12 +217,12 @@ def test_the_cli_runs_on_a_cluster(redis_cluster, cluster_prefix, pg_url, db, tm
 def test_a_metrics_scrape_reads_the_cluster(redis_cluster, cluster_client, cluster_prefix, pg_url, db):
     from prometheus_client import generate_latest
 
-    from magpie.metrics import build_registry
+    from magpie.observability.metrics import build_registry
 
     s = cluster_settings(redis_cluster, cluster_prefix, database_url=pg_url)
     q = RouteQueue.from_settings(s, cluster_client)
     q.schedule([(f"{i:024x}", '{"v":1}') for i in range(3)])
-    text = generate_latest(build_registry(s, redis=cluster_client, engine=db)).decode()
+    text = generate_latest(build_registry(s, jobs=JOBS.values(), redis=cluster_client, engine=db)).decode()
     assert 'magpie_exporter_source_up{source="redis"} 1.0' in text  # every Redis read of the scrape worked
     assert 'magpie_leader_job_active{lock="respread"}' in text
 

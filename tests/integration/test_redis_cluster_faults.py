@@ -20,12 +20,12 @@ from collections import Counter
 import pytest
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.lab.cluster import key_slot
 from magpie.queue import COMPLETED, Payload, QueueKeys, RouteQueue
 from magpie.queue.completion import StreamTarget
-from magpie.routes import Route
-from magpie.stats.keys import GROUP, stream_key
+from magpie.base.routes import Route
+from magpie.queue.streams import GROUP, stream_key
 from helpers import wait_until
 
 pytestmark = pytest.mark.slow

@@ -77,7 +77,7 @@ def test_import_into_a_full_redis_says_what_was_stored_and_scheduled(cli_on, ful
 
 
 def test_health_is_not_ready_while_redis_refuses_writes(cli_on, full_redis, db):
-    from magpie.health import redis_write_probe
+    from magpie.observability.health import redis_write_probe
 
     _, r = full_redis
     assert redis_write_probe(r, "x:") == "PING ok, writes ok"

@@ -25,7 +25,7 @@ import sqlalchemy as sa
 
 from helpers import wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.errors import Refusal, RefusedError
 from magpie.lab.lab import start_free_lab
 from magpie.rotator.pool import RoutePool, Upstream
@@ -271,7 +271,7 @@ def test_a_filter_change_applies_without_a_restart(db, rset, keyring, redis_clie
 
 
 def test_assigner_balances_and_reassigns_orphans(db, settings, keyring, redis_client):
-    from magpie.instances import Heartbeat, InstanceRegistry
+    from magpie.coordination.instances import Heartbeat, InstanceRegistry
 
     with db.begin() as c:
         c.execute(sa.text("INSERT INTO workspaces (name) VALUES ('ws')"))
@@ -417,7 +417,7 @@ def test_rotators_commands(db, settings, monkeypatch):
 
 
 def test_pool_filters_by_country_reputation_latency_and_credentials(db, keyring, lab):
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
     from magpie.rotator.pool import load_pool
 
     wid = seed(db, keyring, lab, names=("http-elite", "socks5-elite", "socks5-auth"))
@@ -535,7 +535,7 @@ def test_an_open_rotator_serves_loopback_only(db, rset, keyring, redis_client, l
 
 
 def test_upstream_names_are_resolved_and_checked_before_every_dial(lab):
-    from magpie.egress import EgressPolicy
+    from magpie.base.egress import EgressPolicy
     from magpie.rotator.listener import Listener, ListenerSpec
 
     proxy = lab.proxy("socks5-elite").route
@@ -668,7 +668,7 @@ def test_password_guessing_is_throttled_per_client_address_and_logged_as_a_rate(
 
 
 def test_failure_throttle_backs_off_per_address_and_forgets():
-    from magpie.throttle import FailureThrottle
+    from magpie.coordination.throttle import FailureThrottle
 
     now = [0.0]
     t = FailureThrottle(free=3, base_s=1, cap_s=8, window_s=100, clock=lambda: now[0])

@@ -28,7 +28,7 @@ import requests
 
 from helpers import TimedOut, spawn_celery, stop_group, wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import latest_health
 from magpie.lab.lab import LAB_PASSWORD, start_free_lab
 
@@ -202,7 +202,7 @@ def test_no_password_in_flower_logs_broker_messages_or_cli_output(settings, db, 
 
         # a check message as the broker holds it (no consumer now), sent by the real dispatch
         members = [r["route_hash"] for r in rows]
-        send = ("import sys\nfrom magpie import runtime, tasks\nfrom magpie.queue import Lease\n"
+        send = ("import sys\nfrom magpie.wiring import runtime, tasks\nfrom magpie.queue import Lease\n"
                 "q = runtime.route_queue()\n"
                 "tasks._dispatch_checks([Lease(m, q.payload(m), '0.00', '1.50', q.keys.shard_of(m)).to_dict() "
                 "for m in sys.argv[1:]])\n")

@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from magpie.checker import CheckEngine
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
 

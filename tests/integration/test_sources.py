@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from aiohttp import web
 from click.testing import CliRunner
 
-from magpie import egress
+from magpie.base import egress
 from magpie.cli import main
 from magpie.config import get_settings
 from magpie.queue import RouteQueue
@@ -304,7 +304,7 @@ def test_a_script_built_list_is_rendered_in_chromium(s, db, redis_client, q, sit
 
 
 def test_the_beat_task_claims_due_sources_and_fetches_them(s, db, redis_client, q, site, monkeypatch):
-    from magpie import runtime, tasks
+    from magpie.wiring import runtime, tasks
 
     s = s.model_copy(update={"source_backoff_base": 60.0, "source_backoff_cap": 60.0})
     for name, value in (("settings", s), ("engine", db), ("redis_client", redis_client), ("route_queue", q)):

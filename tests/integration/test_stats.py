@@ -8,9 +8,9 @@ import pytest
 from helpers import append_entries, pending_idle, run_concurrently, wait_until
 import sqlalchemy as sa
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import latest_health, upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import (
     GROUP,
     dead_key,

@@ -19,9 +19,9 @@ from click.testing import CliRunner
 from helpers import wait_until
 
 from magpie.config import get_settings
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import (
     GROUP,
     dead_key,
@@ -327,8 +327,8 @@ def test_cli_redrive_status_health_and_metrics_show_dead_letters(
     cli_env, db, redis_client, redis_prefix, stored, trigger, settings
 ):
     from magpie.cli import main
-    from magpie.health import check_health
-    from magpie.metrics import build_registry
+    from magpie.observability.health import check_health
+    from magpie.observability.metrics import build_registry
     from magpie.stats import infra
 
     def dead_metric() -> float:

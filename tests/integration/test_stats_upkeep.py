@@ -18,9 +18,9 @@ from helpers import append_entries
 
 from helpers import consumers_idle, pending_idle, wait_until
 
-from magpie.crypto import get_keyring
+from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
-from magpie.routes import Route
+from magpie.base.routes import Route
 from magpie.stats import GROUP, dead_key, encode_result, ensure_group, ingest, stream_key
 from magpie.stats.upkeep import (
     cleanup_consumers,
@@ -70,7 +70,7 @@ def _pending(r, prefix) -> int:
 
 
 def test_the_bound_counts_unconsumed_entries_only(redis_client, redis_prefix, stored, db):
-    from magpie.importer.service import schedule_item
+    from magpie.queue.payload import schedule_item
     from magpie.queue import QueueKeys, RouteQueue
     from magpie.queue.completion import StreamTarget
 

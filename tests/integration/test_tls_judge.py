@@ -26,7 +26,7 @@ from magpie.checker.engine import CheckEngine
 from magpie.checker.judge import make_judge_server
 from magpie.cli import main
 from magpie.config import ConfigError, get_settings, load_settings
-from magpie.health import judge_probe
+from magpie.observability.health import judge_probe
 from magpie.lab.lab import start_free_lab
 
 

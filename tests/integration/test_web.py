@@ -227,7 +227,7 @@ def test_storage_down_is_one_line(settings, db, seeded):
 
 def test_sampler_writes_a_bounded_ring(settings, redis_client, db):
     from magpie.queue import RouteQueue
-    from magpie.web.samples import read_samples, record
+    from magpie.observability.samples import read_samples, record
 
     q = RouteQueue.from_settings(settings, redis_client)
     assert record(redis_client, settings.redis_prefix, q, interval_s=0.001, keep=10) is not None
@@ -361,7 +361,7 @@ def test_instances_api_by_role(client):
 
 
 def test_an_expired_instance_leaves_the_list(client, settings, redis_client):
-    from magpie.instances import Heartbeat
+    from magpie.coordination.instances import Heartbeat
 
     Heartbeat("worker", redis_client, settings.redis_prefix, interval=1, ttl=1,
               instance_id="worker-short-lived").beat_once()
@@ -417,7 +417,7 @@ def test_a_running_rotator_process_shows_as_serving(settings, db, redis_client):
     import socket
     import threading
 
-    from magpie.crypto import get_keyring
+    from magpie.base.crypto import get_keyring
     from magpie.db.repo import ensure_workspace
     from magpie.rotator.process import RotatorProcess
     from magpie.rotator.service import add_rotator

@@ -150,7 +150,7 @@ def test_checks_spread_by_slots(net, tmp_path):
 def test_cluster_spreads_masters_and_replicas_over_the_hosts(net):
     """The cluster of Net.cluster: one master per rc host, each master's replica on another host, served
     through the cluster URL from the harness; its processes are gone once stopped."""
-    from magpie import redisconn
+    from magpie.base import redisconn
 
     cl = net.cluster()
     cl.start()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from magpie.backoff import Backoff
+from magpie.base.backoff import Backoff
 
 curves = st.builds(
     Backoff,

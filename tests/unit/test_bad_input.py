@@ -9,7 +9,7 @@ import pytest
 
 from magpie.importer.parse import ParseError, parse_file, parse_line, parse_lines
 
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 
 def test_deeply_nested_json_line_fails_that_line_only():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from magpie.celery_config import AMQP_DELIVERY_LIMIT, AMQP_EXCHANGE, QUEUES, build
+from magpie.base.broker import AMQP_DELIVERY_LIMIT, AMQP_EXCHANGE, QUEUES
+from magpie.wiring.celery_config import build
 from magpie.config import ConfigError, load_settings
 
 AMQP = ("amqp://u:Canary-pw-1@mq.example.net:5672/magpie", "AMQPS://u:p@mq:5671/vh", "pyamqp://127.0.0.1//",

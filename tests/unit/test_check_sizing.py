@@ -27,7 +27,7 @@ def test_one_core_still_gets_two_processes_and_an_operator_choice_wins():
 
 
 def test_a_worker_without_concurrency_is_sized_and_one_with_it_is_left_alone(monkeypatch):
-    from magpie import worker
+    from magpie.wiring import worker
     from magpie.config import get_settings
 
     monkeypatch.setenv("MAGPIE_CHECK_CONCURRENCY", "4")

@@ -18,7 +18,7 @@ from magpie.stats.entry import decode_result, entry_fields
 from magpie.checker.result import parse_echo
 from magpie.checker.judge import JudgeThread, make_judge_server
 from magpie.lab import start_free_lab
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 OWN = {"203.0.113.9"}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from magpie.egress import EgressPolicy, EgressRefused, parse_allow
+from magpie.base.egress import EgressPolicy, EgressRefused, parse_allow
 
 REFUSED = [
     ("127.0.0.1", "loopback"), ("127.255.0.9", "loopback"), ("::1", "loopback"),

@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from magpie.checker.result import CheckResult
-from magpie.isolation import IsolatedCrash, check_isolated
+from magpie.pipeline.isolation import IsolatedCrash, check_isolated
 
 ANSWER = {"alive": True, "latency_ms": 12.5, "status": 200, "attempts": 1, "error": None, "body": "{}",
           "anonymity": "elite", "judge": "http://127.0.0.1:1/", "checked_at_ms": 1}
@@ -53,5 +53,5 @@ def test_the_child_given_no_request_exits_without_an_answer():
     """The real child: its stdin closed before a request ends it (exit status 3, no answer)."""
     import subprocess
 
-    p = subprocess.run([sys.executable, "-m", "magpie.runtime"], input=b"", capture_output=True, timeout=60)
+    p = subprocess.run([sys.executable, "-m", "magpie.wiring.runtime"], input=b"", capture_output=True, timeout=60)
     assert p.returncode == 3 and p.stdout == b""

@@ -11,7 +11,7 @@ from magpie.judges.dns import DnsCache
 from magpie.judges.failures import _fold, parse_owners
 from magpie.judges.ownership import payload_owners, with_owners
 from magpie.judges.plan import GLOBAL, Defaults, JudgePools, PlanCache, make_plan
-from magpie.judges.rules import validate_rule
+from magpie.checker.rules import validate_rule
 from magpie.judges.store import JudgeInfo, Profile, Snapshot, _dead_policy, profile_cadence_ms, validate_profile
 
 D = Defaults(10.0, 2, "http://127.0.0.1:8899/")

@@ -19,7 +19,8 @@ from magpie.importer.parse import (
     parse_line,
     parse_lines,
 )
-from magpie.routes import PROTOCOLS, Route, normalize_host
+from magpie.base.protocols import PROTOCOLS
+from magpie.base.routes import Route, normalize_host
 
 IP = "203.0.113.9"
 

@@ -9,7 +9,7 @@ import pytest
 
 from magpie.importer.formats import AMBIGUOUS, FORMATS, is_code
 from magpie.importer.parse import ParseError, parse_file, parse_line, parse_lines, split_lines
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 IP = "203.0.113.9"
 

@@ -10,7 +10,7 @@ from magpie.queue.partitioned import tag_of
 from magpie.queue.partitions import (
     dead_stream_key, partition_names, partition_of, results_stream_key, stream_pairs,
 )
-from magpie.stats.keys import id_parts, ledger_id, stream_space
+from magpie.queue.streams import id_parts, ledger_id, stream_space
 
 
 def test_one_partition_is_todays_layout_and_more_are_tagged_p0_on():

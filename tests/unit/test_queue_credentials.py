@@ -7,12 +7,12 @@ import re
 import pytest
 
 from magpie.config import load_settings
-from magpie.crypto import CredentialError, _derive, get_keyring
+from magpie.base.crypto import CredentialError, _derive, get_keyring
 from magpie.queue.payload import (
     ENCRYPTED_VERSION, PAYLOAD_VERSION, Payload, PayloadError, PayloadKeyError, is_encrypted, read_cipher,
     transcode, write_cipher,
 )
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "unit-key-0123456789abcdef"
 OTHER = "another-key-0123456789abcdef"

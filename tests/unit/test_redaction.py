@@ -11,7 +11,7 @@ from urllib.parse import quote
 import pytest
 
 from magpie.config import ConfigError, load_settings
-from magpie.redact import mask_url_passwords
+from magpie.base.redact import mask_url_passwords
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "Cf9/secret@canary:7%x"  # needs percent-encoding in a URL

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.config import ConfigError, load_settings
 
 
@@ -54,7 +54,7 @@ def test_a_cluster_needs_its_own_broker(monkeypatch):
 
 
 def test_stats_keys_are_todays_on_one_server():
-    from magpie.stats.keys import dead_key, infra_key, stream_key, tagged_for
+    from magpie.queue.streams import dead_key, infra_key, stream_key, tagged_for
 
     assert (stream_key("m:"), dead_key("m:"), infra_key("m:")) == ("m:stats:results", "m:stats:dead", "m:stats:infra")
     assert stream_key("m:", True) == "m:{default}:stats:results"
@@ -72,7 +72,7 @@ def test_the_command_packer_packs_what_redis_py_packs_and_refuses_what_it_refuse
     from redis.connection import Connection
     from redis.exceptions import DataError
 
-    from magpie.redisconn import CommandPacker
+    from magpie.base.redisconn import CommandPacker
 
     ours, theirs = CommandPacker(), Connection()
     for args in [("SET", "k", "v"), ("SET", "k", 1.5), ("INCRBY", "k", -10), ("SET", b"k", b"\xff\x00"),
@@ -85,7 +85,7 @@ def test_the_command_packer_packs_what_redis_py_packs_and_refuses_what_it_refuse
 
 
 def test_plain_clients_pack_in_one_call_unless_told_otherwise():
-    from magpie.redisconn import CommandPacker, connect
+    from magpie.base.redisconn import CommandPacker, connect
 
     fast = connect("redis://127.0.0.1:6379/0")
     assert isinstance(fast.connection_pool.connection_kwargs["command_packer"], CommandPacker)

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from magpie.egress import EgressPolicy
-from magpie.rotator.policy import DestinationPolicy, DestinationRefused, format_ports, parse_ports
+from magpie.base.egress import EgressPolicy
+from magpie.base.egress import format_ports, parse_ports
+from magpie.rotator.policy import DestinationPolicy, DestinationRefused
 
 NAMES = {"public.test": ["2606:2800:220:1::1", "93.184.216.34"], "mixed.test": ["93.184.216.34", "10.0.0.5"],
          "rebound.test": ["127.0.0.1"], "v6.test": ["2606:4700::1111"]}

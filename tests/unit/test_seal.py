@@ -13,7 +13,7 @@ import pytest
 from magpie.queue import Lease
 from magpie.queue.payload import Payload
 from magpie.queue.seal import FIELDS, SEAL_PREFIX, MessageSeal, SealError, describe, get_seal
-from magpie.routes import Route
+from magpie.base.routes import Route
 
 KEY = "unit-seal-key-0123456789"
 PASSWORD = "Sl7/seal@canary:4%q"
@@ -103,7 +103,7 @@ def test_sealing_250_leases_stays_cheap():
 
 
 def test_dispatch_sends_one_sealed_message_with_a_short_argsrepr(monkeypatch):
-    from magpie import runtime, tasks
+    from magpie.wiring import runtime, tasks
 
     sent = []
     monkeypatch.setattr(tasks.check_routes, "apply_async", lambda **kw: sent.append(kw))

@@ -65,7 +65,7 @@ def test_beat_entry_keys_and_backoff():
     assert keys.base == "p:sources:{sources}:" and keys.shards == 1
     curve = backoff_of(s)
     assert curve.ceiling(1) == 60_000 and curve.ceiling(2) == 120_000 and curve.ceiling(30) == 6 * 3600_000
-    from magpie.celery_config import build
+    from magpie.wiring.celery_config import build
 
     assert build(s)["beat_schedule"]["fetch-sources"]["task"] == TASK
 

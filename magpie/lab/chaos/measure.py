@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 
 from magpie.queue.partitions import is_tagged, layout_key, stream_pairs
-from magpie.stats.keys import GROUP, ledger_id, stream_space, tagged_for
+from magpie.queue.streams import GROUP, ledger_id, stream_space, tagged_for
 
 
 @dataclass
@@ -50,7 +50,7 @@ def pairs_of(r, prefix: str) -> list[tuple[str, str]]:
 
 def stream_results(r, prefix: str) -> list[Result]:
     """Every entry of every results stream (one per partition), oldest first; ``stream_id`` is the id the
-    ledger and ``check_history`` record (:func:`magpie.stats.keys.ledger_id`)."""
+    ledger and ``check_history`` record (:func:`magpie.queue.streams.ledger_id`)."""
     out = []
     for key, _ in pairs_of(r, prefix):
         space = stream_space(key)
@@ -194,7 +194,7 @@ def per_route_counts(results: list[Result], start_ms: int, end_ms: int) -> dict[
 def redis_ms(r) -> int:
     """The Redis server clock in Unix ms (the clock of every score and stream id; on a cluster a random
     node's, all on this machine's clock)."""
-    from magpie.redisconn import server_time
+    from magpie.base.redisconn import server_time
 
     sec, usec = server_time(r)
     return sec * 1000 + usec // 1000

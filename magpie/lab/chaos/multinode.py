@@ -100,7 +100,7 @@ def link_cut(net, log_dir: Path | None = None, victim: str = "node2", cut_s: flo
     stay within 2 intervals + the timeout), ``victim_resumed_s``, ``stale_refused`` (completions refused
     by fencing: the ``stale`` counter's increase), ``victim_lease_lost`` (from its check workers' logs),
     ``lost``, ``duplicated``, ``results_lost``, ``healthy_dead_lettered``."""
-    from magpie.counters import read_counters
+    from magpie.base.counters import read_counters
 
     out = Outcome("link-cut", "partition")
     interval, lease, timeout = 3.0, 6.0, 2.0
@@ -213,7 +213,7 @@ def redis_failover(net, log_dir: Path | None = None, cut_s: float = 20.0, mode: 
     ``stale_refused`` (completions refused by fencing), ``rejoined_s`` (restore -> the old master is a
     replica and every node agrees), ``lost``, ``duplicated``, ``results_lost``, ``healthy_dead_lettered``.
     """
-    from magpie.counters import read_counters
+    from magpie.base.counters import read_counters
     from magpie.lab.cluster import key_slot
     from magpie.queue.partitions import partition_names, partition_of, results_stream_key
 
@@ -306,7 +306,7 @@ def redis_failover(net, log_dir: Path | None = None, cut_s: float = 20.0, mode: 
         results = m.stream_results(st.r, prefix)
         lost_entries = -1
         if old is not None:
-            from magpie.stats.keys import ledger_id, stream_space
+            from magpie.queue.streams import ledger_id, stream_space
 
             held = {ledger_id(i, stream_space(k)) for k, ids in old["ids"].items() for i in ids}
             lost_entries = len(held - {r.stream_id for r in results})

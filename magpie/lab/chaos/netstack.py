@@ -242,7 +242,7 @@ class NetStack(Stack):
 
         self.r = self.redis_server.start()
         if self.cluster is not None:
-            from magpie import redisconn
+            from magpie.base import redisconn
 
             self.cluster.start()
             self.env["MAGPIE_REDIS_URL"] = self.cluster.url

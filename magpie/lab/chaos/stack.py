@@ -134,7 +134,7 @@ class Stack:
                  cadences: dict[str, float] | None = None, separate_broker: bool = False,
                  log_dir: Path | None = None, broker: str = "redis") -> None:
         from magpie.lab.rabbitmq import Vhost
-        from magpie.maintenance.registry import JOBS
+        from magpie.wiring.jobs import JOBS
 
         if broker not in BROKERS:
             raise ValueError(f"broker must be one of {', '.join(BROKERS)}, not {broker!r}")

@@ -136,7 +136,7 @@ def sigstop(ctx: Ctx) -> Outcome:
     """SIGSTOP a check worker with checks in flight past its leases' expiry, let another worker take the
     routes over, then SIGCONT it (the bullmq stalled-lock class): none of its late completions takes
     effect (no cycle completed twice), nothing lost."""
-    from magpie.counters import read_counters
+    from magpie.base.counters import read_counters
 
     out = Outcome("sigstop-past-lease", "bullmq-stalled-lock")
     n = 30 if ctx.quick else 120

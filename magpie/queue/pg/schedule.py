@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import psycopg2
 import psycopg2.extras
 
-from magpie import redisconn
+from magpie.base import redisconn
 from magpie.errors import Refusal
 from magpie.queue.completion import Completion, StreamTarget
 from magpie.queue.keys import QueueKeys, fnv1a_32
