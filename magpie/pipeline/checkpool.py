@@ -616,26 +616,21 @@ class CheckPool:
             await asyncio.sleep(self.complete_interval)
             try:
                 await self._side_flush()
-            except Exception:  # noqa: BLE001 - Redis trouble: marks are only evidence, timings only metrics
-                log.exception("start marks or timings not recorded")
+            except Exception:  # noqa: BLE001 - timings are only metrics
+                log.exception("start timings not recorded")
 
     async def _side_flush(self) -> None:
-        marks: list[Lease] = []  # start marks are written before the checks dial (_mark_soon)
+        """Hand the start timings gathered since the last flush to ``timings`` on the side thread (start
+        marks are written before the checks dial: :meth:`_mark_soon`)."""
         started, self._started = self._started, []
-        if marks or started:
-            await self._in_side(self._side_sync, marks, started)
-
-    def _side_sync(self, marks: list[Lease], started: list[StartTiming]) -> None:
-        if marks:
-            try:
-                self.queue.mark_started(marks)
-            except Exception:  # noqa: BLE001 - unmarked leases are simply no evidence if they expire
-                log.warning("could not record that %d leases started (Redis unavailable?)", len(marks))
         if started and self.timings is not None:
-            try:
-                self.timings(started)
-            except Exception:  # noqa: BLE001 - metrics never stop checks
-                log.debug("start timings not recorded", exc_info=True)
+            await self._in_side(self._record_timings, started)
+
+    def _record_timings(self, started: list[StartTiming]) -> None:
+        try:
+            self.timings(started)
+        except Exception:  # noqa: BLE001 - metrics never stop checks
+            log.debug("start timings not recorded", exc_info=True)
 
     async def _flush_loop(self) -> None:
         while True:
@@ -816,7 +811,8 @@ class CheckPool:
         return PoolStats(self.capacity, len(self._running), self._held, self.peak_running, self.totals)
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
-        """Block until nothing is pending or running and every result was flushed; False on timeout."""
+        """Block until nothing is pending or running and every result was flushed (a flush the flush loop
+        had already taken included: its counts are in :attr:`totals` on return); False on timeout."""
         if self._loop is None:
             return True
         deadline = time.monotonic() + timeout
@@ -825,6 +821,8 @@ class CheckPool:
                     and not self._handback:
                 self._loop.run(self._flush())
                 self._loop.run(self._side_flush())
+                for thread in (self._io, self._side):  # one thread each: this runs after what they hold
+                    thread.submit(lambda: None).result(max(0.0, deadline - time.monotonic()))
                 return True
             time.sleep(0.02)
         return False

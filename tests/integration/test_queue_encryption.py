@@ -336,7 +336,7 @@ q = runtime.route_queue()
 n = promote(q, lambda ds: pool.submit([Lease.from_dict(d) for d in ds]), budget=100, max_inflight=100)
 ok = pool.wait_idle(60)
 t = pool.stats().totals
-print(json.dumps({"claimed": n, "idle": ok, "completed": t.completed, "malformed": t.malformed}))
+import sys, dataclasses; print(dataclasses.asdict(t), file=sys.stderr); print(json.dumps({"claimed": n, "idle": ok, "completed": t.completed, "malformed": t.malformed}))
 runtime.close_check_pool()
 """
 
@@ -364,7 +364,7 @@ def test_a_check_cycle_decrypts_and_checks_through_the_authenticated_socks5_prox
         out = json.loads(cyc.stdout.strip().splitlines()[-1])
     finally:
         lab.stop()
-    assert out == {"claimed": len(lab.proxies), "idle": True, "completed": len(lab.proxies), "malformed": 0}
+    assert out == {"claimed": len(lab.proxies), "idle": True, "completed": len(lab.proxies), "malformed": 0}, cyc.stderr[-3000:]
     auth = lab.proxy("socks5-auth").route
     cipher = read_cipher(settings)
     h = next(h for h, p in payloads(q).items() if Payload.decode(p, cipher).route.port == auth.port)
