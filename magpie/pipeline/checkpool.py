@@ -402,12 +402,9 @@ class CheckPool:
             le, stamp = self._pending.popleft()
             taken += 1
             now = now or time.time() * 1000
-            expires = le.expires_at_ms - le.server_offset_ms
-            if expires - now < self._start_margin_ms:
-                self._handback.append(le)
+            expires = self._startable(le, stamp, now)
+            if expires is None:
                 continue
-            self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
-                                             float(le.previous_score or 0) - le.server_offset_ms))
             if le.stalled and self.suspect_spread_s > 0:
                 slot = _Running(le, expires, suspect=True)  # marked when it starts, at a random moment
                 self._running[id(le)] = slot
@@ -423,12 +420,9 @@ class CheckPool:
             le, stamp = self._alone.popleft()
             taken += 1
             now = now or time.time() * 1000
-            expires = le.expires_at_ms - le.server_offset_ms
-            if expires - now < self._start_margin_ms:
-                self._handback.append(le)
+            expires = self._startable(le, stamp, now)
+            if expires is None:
                 continue
-            self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
-                                             float(le.previous_score or 0) - le.server_offset_ms))
             self._alone_busy += 1
             slot = _Running(le, expires)
             self._running[id(le)] = slot
@@ -440,6 +434,17 @@ class CheckPool:
         if not self._pending and not self._alone and not self._running and not self._inbox \
                 and self._idle is not None:
             self._idle.set()
+
+    def _startable(self, le: Lease, stamp: tuple[float, float], now: float) -> float | None:
+        """The lease's expiry on this process's clock (Unix ms) when it may start at ``now`` (ms), its start
+        timing recorded; None when too little lease is left for a whole check: it is handed back."""
+        expires = le.expires_at_ms - le.server_offset_ms
+        if expires - now < self._start_margin_ms:
+            self._handback.append(le)
+            return None
+        self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
+                                         float(le.previous_score or 0) - le.server_offset_ms))
+        return expires
 
     def _mark_soon(self) -> asyncio.Future:
         """The future of the next start-mark write: one script call for every lease started in this pass of
