@@ -703,6 +703,9 @@ class Run:
             env["MAGPIE_CHECKS_PER_PROCESS"] = str(self.args.checks_per_process)
         if self.args.check_concurrency:
             env["MAGPIE_CHECK_CONCURRENCY"] = str(self.args.check_concurrency)
+        for item in self.args.env:
+            key, _, value = item.partition("=")
+            env[key] = value
         return env
 
     def magpie_cli(self, env, *argv: str, timeout: float = 300) -> str:
@@ -1321,6 +1324,8 @@ def make_parser() -> argparse.ArgumentParser:
                     help="run the engine path from /work/main itself, not from a copy taken at start")
     ap.add_argument("--engine-ref", help="run the engine path from this git ref (git archive) instead of the "
                                          "work tree")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an extra environment variable of every path's processes (repeatable), e.g. a setting")
     ap.add_argument("--wait-idle", type=float, default=90,
                     help="before each run wait at most this many seconds for the machine to be < 25%% busy")
     ap.add_argument("--snapshot-wait", type=float, default=180,

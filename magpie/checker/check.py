@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Iterable
 
+from magpie.base.collector import tune_collector
 from magpie.checker.engine import CheckEngine
 from magpie.checker.result import CheckResult
 from magpie.base.routes import Route
@@ -156,6 +157,7 @@ _SPREAD: dict = {}  # what forked children of check_spread read: the checker's a
 
 def _check_share(i: int) -> list[CheckResult]:
     kwargs, shares, width, counter = _SPREAD["kwargs"], _SPREAD["shares"], _SPREAD["width"], _SPREAD["counter"]
+    tune_collector()
     checker = Checker(**kwargs)
     pending = [0]
 
@@ -177,7 +179,8 @@ def _check_share(i: int) -> list[CheckResult]:
 def check_spread(routes: Iterable[Route], checker_kwargs: dict, *, processes: int, per_process: int,
                  progress: Callable[[int], None] | None = None) -> list[CheckResult]:
     """Check ``routes`` over ``processes`` forked processes, each with its own event loop and at most
-    ``per_process`` checks in flight; results in the order of ``routes``.
+    ``per_process`` checks in flight; results in the order of ``routes``. Each forked process runs the
+    garbage collector on a timer (:func:`magpie.base.collector.tune_collector`).
 
     One event loop is bound by one core and one process's open-file limit (a check holds a socket), so a
     list of mostly dead proxies, each costing a whole timeout, needs several processes to keep tens of

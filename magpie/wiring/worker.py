@@ -129,22 +129,14 @@ def _check_key_on_beat_init(**_kw) -> None:
     _refuse_to_start()
 
 
-def _tune_gc() -> None:
-    """Make the cyclic garbage collector cheap for a process holding thousands of checks in flight: what
-    exists at start (modules, settings, the pool) is frozen out of every collection, and the young
-    generation collects after 50,000 allocations instead of 700 (a check allocates hundreds of short-lived
-    objects; collecting every few checks cost more than the checks' own parsing)."""
-    import gc
-
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
 def _start_pool() -> None:
     from magpie.wiring import runtime
 
     try:
-        _tune_gc()
+        from magpie.base.collector import tune_collector
+        from magpie.config import get_settings
+
+        tune_collector(get_settings().check_gc_interval)
         pool = runtime.check_pool()
         log.info("check pool started: %d checks at once", pool.capacity)
     except Exception:  # noqa: BLE001 - the first task will try again and report
