@@ -181,11 +181,12 @@ class Settings(BaseSettings):
     (the default Procfile gives none). Unset: one per CPU core plus one, so that a process paused by its
     garbage collector or the interpreter lock never leaves a core idle; the worker logs how it was sized."""
     check_gc_interval: float = Field(30.0, alias="MAGPIE_CHECK_GC_INTERVAL", ge=0, le=3600)
-    """Seconds between two full runs of the cyclic garbage collector in a check process, whose automatic
-    collections are off. CPython starts a collection on the net growth of tracked objects, and each one
-    walks every check in flight, so at 10,000 checks per process the automatic collector cost about a third
-    of the process's CPU while finding almost no cycles. 0: CPython's automatic collection (young
-    generation of 50,000)."""
+    """Seconds before the first full run of the cyclic garbage collector in a check process, whose automatic
+    collections are off; later runs come as often as they find garbage (the interval doubles after a
+    quiet run, up to 16 times this, and halves after a busy one). CPython starts a collection on the net
+    growth of tracked objects, and each one walks every check in flight, so at 10,000 checks per process
+    the automatic collector cost about a third of the process's CPU while finding almost no cycles. 0:
+    CPython's automatic collection (young generation of 50,000)."""
     checker_heartbeat: float = Field(2.0, alias="MAGPIE_CHECKER_HEARTBEAT", gt=0, le=60)
     """Seconds between two capacity heartbeats of a check engine; promote counts an engine's slots for
     three heartbeats after its last one."""

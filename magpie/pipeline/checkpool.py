@@ -12,9 +12,10 @@ on one event loop). The pool's own coroutines then keep the leases moving:
   round trip; a refused renewal (the lease was lost) cancels the check in flight at once, and a lease past
   its expiry is cancelled too;
 - **admission never waits on the loop or on Redis**: :meth:`CheckPool.submit` puts a message's leases in a
-  thread-safe inbox and wakes the loop; it blocks only while the process already holds a backlog of
-  leases waiting for slots (backpressure, so a full process leaves the next messages to one with free
-  slots). A lease starts in the loop iteration that frees a slot;
+  thread-safe inbox and wakes the loop; it blocks only while leases of this process already wait for
+  slots that are all taken (or a backlog of them waits), so a full process leaves the next messages to
+  a process with free slots instead of holding them behind its own queue. A lease starts in the loop
+  iteration that frees a slot;
 - **start marks and quarantine**: started leases are marked (``HSET`` of ``<hash>#s``,
   :meth:`RouteQueue.mark_started`) in one write per pass of the loop for every lease it started, and
   each check waits for that write before it dials, so that only a lease that started checking is
@@ -262,6 +263,7 @@ class CheckPool:
         self._cond = threading.Condition()
         self._inbox: deque[tuple[float, list[Lease]]] = deque()
         self._held = 0
+        self._waiters = 0  # submits blocked on a full process
         self._marks: list[Lease] = []
         self._marking: asyncio.Future | None = None  # the mark write the leases started now wait for
         self._gated: list[_Running] = []  # slots whose task starts once that write is done
@@ -336,8 +338,10 @@ class CheckPool:
         """Admit ``leases`` (thread-safe) and return the count admitted, without waiting on the event loop
         or on Redis: the leases go to the pool's inbox and start as slots free.
 
-        Blocks (backpressure) while ``backlog`` leases (a tenth of the capacity) already wait to start, so
-        a full process leaves the next messages to one with free slots. Args: ``timeout`` most seconds to
+        Blocks (backpressure) while leases already wait to start and every slot is taken (running plus
+        waiting reach the capacity), or while ``backlog`` leases (a tenth of the capacity) wait: a full
+        process takes at most one message beyond its slots, and Celery hands the next ones to a process
+        with free slots. Args: ``timeout`` most seconds to
         wait for room (None: no limit). Raises ``TimeoutError`` when no room came in time (nothing
         admitted: the leases expire and come back). A closed pool admits nothing and returns 0.
         """
@@ -348,11 +352,15 @@ class CheckPool:
         received = time.time() * 1000
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._held >= self.backlog and not self._closing:
+            while self._full() and not self._closing:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TimeoutError(f"no room in the check pool within {timeout:g} s")
-                self._cond.wait(left if left is not None else 1.0)
+                self._waiters += 1
+                try:
+                    self._cond.wait(left if left is not None else 1.0)
+                finally:
+                    self._waiters -= 1
             if self._closing or self._loop is None:
                 return 0
             self._held += len(leases)
@@ -385,12 +393,16 @@ class CheckPool:
             self._idle.clear()
         self._fill()
 
-    def _release_held(self, n: int) -> None:
-        if n:
+    def _full(self) -> bool:
+        """Under ``_cond``: no room for another message (see :meth:`submit`)."""
+        held = self._held
+        return held >= self.backlog or (held > 0 and held + len(self._running) >= self.capacity)
+
+    def _release_held(self, n: int, wake: bool = False) -> None:
+        if n or wake:
             with self._cond:
-                before = self._held
                 self._held -= n
-                if before >= self.backlog > self._held:  # only a submit blocked on a full backlog waits
+                if self._waiters and not self._full():  # a blocked submit may go on
                     self._cond.notify_all()
 
     def _fill(self) -> None:
@@ -570,6 +582,8 @@ class CheckPool:
                     self._side.submit(self._give_back_slot, slot_token)
             if not self._closing:
                 self._fill()
+                if self._waiters:  # a slot freed with no lease taken (quarantined ones wait their lane)
+                    self._release_held(0, wake=True)
 
     async def _take_quarantine_slot(self, le: Lease):
         """The slot token once held; None without a slot to take (or Redis away: this process's lane

@@ -244,6 +244,27 @@ def test_submit_blocks_while_a_backlog_already_waits(q):
         pool.close()
 
 
+def test_a_full_process_takes_no_second_message_while_one_already_waits(q):
+    """Below the backlog too: a message beyond the slots waits in the process, the next one is left for a
+    process with free slots (Celery hands it to an idle child) until the waiting leases started."""
+    seed(q, [1500] * 104)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q), capacity=100)  # backlog 10
+    try:
+        leases = q.pop(104)
+        assert pool.submit(leases[:98]) == 98
+        wait_until(lambda: engine.running == 98, timeout=10, what="98 checks running")
+        assert pool.submit(leases[98:103]) == 5  # 2 of them wait: fewer than the backlog
+        t0 = time.monotonic()
+        assert pool.submit(leases[103:]) == 1  # admitted only once the two waiting ones started
+        assert time.monotonic() - t0 >= 0.5
+        assert engine.finished, "admitted before any slot freed"
+        assert pool.wait_idle(20)
+    finally:
+        pool.close()
+    assert pool.totals.completed == 104
+
+
 def test_lost_lease_cancels_the_attempt_in_flight(q):
     seed(q, [30_000])
     le = q.pop(1, lease_ms=60_000)[0]

@@ -52,3 +52,13 @@ def test_a_negative_interval_is_refused():
 
     with pytest.raises(ValueError, match="collector interval"):
         tune_collector(-1)
+
+
+def test_the_interval_follows_the_garbage_found():
+    from magpie.base.collector import BUSY_OBJECTS, QUIET_OBJECTS, STRETCH, next_interval
+
+    assert next_interval(30, 0, 30) == 60
+    assert next_interval(30 * STRETCH, QUIET_OBJECTS - 1, 30) == 30 * STRETCH  # capped
+    assert next_interval(240, BUSY_OBJECTS + 1, 30) == 120
+    assert next_interval(30, BUSY_OBJECTS + 1, 30) == 30  # never below the first
+    assert next_interval(90, QUIET_OBJECTS, 30) == 90  # some garbage: it stays
