@@ -147,3 +147,24 @@ def append_entries(redis, prefix: str, entries) -> list[str]:
     for fields in entries:
         pipe.xadd(stream_key(prefix), fields)
     return [i.decode() if isinstance(i, bytes) else i for i in pipe.execute()]
+
+
+def add_history(engine, route_ids, per_route: int = 2) -> None:
+    """Insert ``per_route`` ``check_history`` rows (failed checks, the last hour) for each of ``route_ids``."""
+    import sqlalchemy as sa
+
+    with engine.begin() as c:
+        c.execute(sa.text(
+            "INSERT INTO check_history (route_id, checked_at, alive, error) "
+            "SELECT r, now() - make_interval(mins => k), false, 'timeout' "
+            "FROM unnest(CAST(:ids AS bigint[])) AS r, generate_series(1, :k) AS k"),
+            {"ids": [int(i) for i in route_ids], "k": per_route})
+
+
+def history_by_route(engine) -> dict[int, int]:
+    """``check_history`` rows per route id (only routes that have some)."""
+    import sqlalchemy as sa
+
+    with engine.connect() as c:
+        return {int(r): int(n) for r, n in c.execute(sa.text(
+            "SELECT route_id, count(*) FROM check_history GROUP BY route_id"))}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.db.deletion import delete_routes
 from magpie.errors import MagpieError, Refusal
 from magpie.base.protocols import PROTOCOLS
 
@@ -212,11 +213,7 @@ def remove_routes(engine: Engine, queue, *, workspace: str | None = None, protoc
             # added one since: then it stays, and the next rebuild schedules it again)
             ids = drop if wid is not None else unlink
             if ids:
-                gone = conn.execute(sa.text(
-                    "DELETE FROM routes r WHERE r.id = ANY(CAST(:ids AS bigint[])) AND (CAST(:all AS boolean) "
-                    "OR NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id))"),
-                    {"ids": ids, "all": wid is None}).rowcount
-                out["removed"] += gone
+                out["removed"] += len(delete_routes(conn, ids, owned=wid is None))  # with their history
             out["updated"] += len(unlink) - len(drop) if wid is not None else 0
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from magpie.db.deletion import delete_routes
 from magpie.errors import MagpieError
 from magpie.maintenance.base import Job, JobContext
 
@@ -66,10 +67,6 @@ _MEMBERS = """
 """
 _UNLINK = """
     DELETE FROM route_workspaces WHERE route_id = :r AND workspace_id = :w
-"""
-_DELETE_ORPHANS = """
-    DELETE FROM routes r WHERE id = ANY(CAST(:ids AS bigint[]))
-      AND NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)
 """
 
 
@@ -204,7 +201,7 @@ def apply_batch(ctx: JobContext, queue, conn, rows, counts: dict) -> None:
     gone = [rid for rid in orphaned if _remove_from_schedule(queue, hashes[rid])]
     counts["skipped_leased"] += len(orphaned) - len(gone)
     if gone:
-        counts["routes_removed"] += conn.execute(sa.text(_DELETE_ORPHANS), {"ids": gone}).rowcount
+        counts["routes_removed"] += len(delete_routes(conn, gone))
 
 
 class BlacklistRefreshJob(Job):

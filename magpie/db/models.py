@@ -93,6 +93,9 @@ class CheckHistory(Base):
     """One check result. Range-partitioned on ``checked_at``; primary key ``(id, checked_at)``.
 
     ``stream_id`` is the Redis Stream entry id the row was ingested from (see :mod:`magpie.stats`).
+    ``route_id`` names a ``routes.id`` but has no foreign key (migration ``0017``): ingestion locks and
+    checks the routes of a batch itself, and deleting a route deletes its history in the same transaction
+    (:func:`magpie.db.deletion.delete_routes`).
     """
 
     __tablename__ = "check_history"
@@ -107,9 +110,7 @@ class CheckHistory(Base):
 
     id: Mapped[int] = mapped_column(sa.BigInteger, sa.Identity(), primary_key=True)
     checked_at: Mapped[datetime] = mapped_column(sa.DateTime(timezone=True), primary_key=True)
-    route_id: Mapped[int] = mapped_column(
-        sa.BigInteger, sa.ForeignKey("routes.id", ondelete="CASCADE"), nullable=False
-    )
+    route_id: Mapped[int] = mapped_column(sa.BigInteger, nullable=False)
     alive: Mapped[bool] = mapped_column(sa.Boolean, nullable=False)
     latency_ms: Mapped[float | None] = mapped_column(sa.REAL, nullable=True)
     status: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)

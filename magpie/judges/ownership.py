@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from magpie.db.deletion import delete_routes
 from magpie.judges.failures import STREAK_SQL
 from magpie.maintenance.base import Job, JobContext
 
@@ -57,10 +58,6 @@ _BATCH = "SELECT id, route_hash FROM routes WHERE id > :after ORDER BY id LIMIT 
 _BY_IDS = "SELECT id, route_hash FROM routes WHERE id = ANY(CAST(:ids AS bigint[])) ORDER BY id"
 _OWNERS = ("SELECT route_id, array_agg(workspace_id) FROM route_workspaces "
            "WHERE route_id = ANY(CAST(:ids AS bigint[])) GROUP BY route_id")
-_DELETE_GONE = """
-    DELETE FROM routes r WHERE id = ANY(CAST(:ids AS bigint[]))
-      AND NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)
-"""
 
 
 def drops_key(prefix: str) -> str:
@@ -133,7 +130,7 @@ def verify_routes(ctx: JobContext, rows, queue) -> dict:
     if gone:
         with ctx.engine.begin() as conn:
             ctx.fence(conn)
-            out["deleted"] += conn.execute(sa.text(_DELETE_GONE), {"ids": gone}).rowcount
+            out["deleted"] += len(delete_routes(conn, gone))
     return out
 
 

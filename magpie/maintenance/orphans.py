@@ -2,9 +2,10 @@
 
 Per batch, one transaction: lock up to ``MAGPIE_MAINTENANCE_BATCH_SIZE`` orphan routes
 (``FOR UPDATE SKIP LOCKED``, so an import holding one is skipped), remove each from the schedule with
-:meth:`magpie.queue.RouteQueue.remove_route`, then delete from ``routes`` those that left Redis (history,
-health and daily counters go with them through ``ON DELETE CASCADE``), re-checking in the same statement
-that the route is still an orphan.
+:meth:`magpie.queue.RouteQueue.remove_route`, then delete from ``routes`` those that left Redis,
+re-checking in the same statement that the route is still an orphan
+(:func:`magpie.db.deletion.delete_routes`: their history goes in the same transaction; health, daily
+counters and the rest through ``ON DELETE CASCADE``).
 
 * A route under a live lease is refused by Redis (``active_leases``): it stays in both places and the
   next pass retries it, after its check completed.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from magpie.db.deletion import delete_routes
 from magpie.maintenance.base import Job, JobContext
 
 _CANDIDATES = """
@@ -27,11 +29,6 @@ _CANDIDATES = """
     WHERE id > :after AND NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)
     ORDER BY id LIMIT :batch
     FOR UPDATE SKIP LOCKED
-"""
-_DELETE = """
-    DELETE FROM routes r
-    WHERE id = ANY(CAST(:ids AS bigint[]))
-      AND NOT EXISTS (SELECT 1 FROM route_workspaces rw WHERE rw.route_id = r.id)
 """
 
 
@@ -65,7 +62,7 @@ class OrphanRoutesJob(Job):
                             raise
                     ids.append(rid)
                 if ids:
-                    deleted += conn.execute(sa.text(_DELETE), {"ids": ids}).rowcount
+                    deleted += len(delete_routes(conn, ids))
             ctx.tick()
             if len(rows) < ctx.batch_size:
                 return {"deleted": deleted, "skipped_leased": leased, "complete": True}

@@ -11,8 +11,11 @@
 * ``reputation_dirty`` rows for the routes written (a maintenance job recomputes their reputation).
 * ``route_failures``: per (workspace, route) failure streaks (:mod:`magpie.judges.failures`).
 
-The referenced routes are locked against deletion until commit and their hash compared, so a result never
-lands on a deleted route or on another route that reuses the id. Results the database rejects are
+The referenced routes are locked against deletion until commit (``FOR KEY SHARE``, once per batch) and
+their hash compared, so a result never lands on a deleted route or on another route that reuses the id.
+That lock is what keeps ``check_history`` consistent: it has no foreign key to ``routes`` (whose trigger
+would lock the route again for every row), and a route's deletion waits for the lock and then deletes
+the route's history in its own transaction (:mod:`magpie.db.deletion`). Results the database rejects are
 isolated by applying one result per transaction and come back as dead letters.
 
 Failures come in two kinds (:func:`is_data_error`, :func:`is_infra_failure`): a *data error* is that
@@ -217,8 +220,9 @@ def apply_results(engine: Engine, entries: list[StreamEntry], geo=None) -> tuple
 
 
 def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> tuple[int, int, list[DeadLetter]]:
-    # Lock the referenced routes against deletion until commit (no FK race), and check the hash so a
-    # result never lands on a different route that reuses an id (e.g. after a database rebuild).
+    # Lock the referenced routes against deletion until commit (check_history has no foreign key: this
+    # lock is its integrity, see magpie.db.deletion), and check the hash so a result never lands on a
+    # different route that reuses an id (e.g. after a database rebuild).
     known: dict[int, str] = dict(
         conn.exec_driver_sql(_ROUTES, (sorted({e.route_id for e in entries}),)).all()
     )

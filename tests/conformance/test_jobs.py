@@ -10,6 +10,7 @@ import json
 import pytest
 import sqlalchemy as sa
 
+from helpers import add_history, history_by_route
 from magpie.config import load_settings
 from magpie.judges.ownership import drops_key
 from magpie.wiring.jobs import run_job
@@ -50,7 +51,8 @@ def owners_db(pg_url):
     yield engine, ids
     with engine.begin() as c:
         c.execute(sa.text("DELETE FROM route_workspaces WHERE workspace_id = ANY(:w)"), {"w": ids})
-        c.execute(sa.text("DELETE FROM routes WHERE route_hash LIKE 'c0nf%'"))
+        gone = c.execute(sa.text("DELETE FROM routes WHERE route_hash LIKE 'c0nf%' RETURNING id")).scalars().all()
+        c.execute(sa.text("DELETE FROM check_history WHERE route_id = ANY(:g)"), {"g": gone})  # no cascade
         c.execute(sa.text("DELETE FROM workspaces WHERE id = ANY(:w)"), {"w": ids})
         c.execute(sa.text("DELETE FROM maintenance_runs WHERE job IN ('route_ownership', 'rebuild', "
                           "'orphan_routes')"))
@@ -90,10 +92,12 @@ def test_owner_verification_deletes_an_unowned_route_only_once_it_left_the_sched
                                                                                       redis_client):
     engine, (A, _B) = owners_db
     h = "c0nf" + "4" * 20
-    _route(engine, h, [])
+    rid = _route(engine, h, [])
+    add_history(engine, [rid])
     rep = run_job("route_ownership", job_settings, engine=engine, redis=redis_client)
     assert rep["status"] == "ok" and rep["result"]["deleted"] == 1, rep
     assert jq.payloads([h]) == [None]
+    assert rid not in history_by_route(engine)  # its history went with it
 
 
 def test_interval_change_converges_on_every_provider(make_queue, job_settings, redis_client, pg_url):
@@ -136,8 +140,11 @@ def test_orphan_routes_leave_the_schedule_and_the_database_on_every_provider(jq,
     orphan, owned = "c0nf" + "6" * 20, "c0nf" + "7" * 20
     ids = {orphan: _route(engine, orphan, []), owned: _route(engine, owned, [A])}
     jq.schedule([(h, Payload(ids[h], Route("http", "127.0.0.1", 9), h, [A]).encode()) for h in ids])
+    add_history(engine, ids.values())
     rep = run_job("orphan_routes", job_settings, engine=engine, redis=redis_client)
     assert rep["status"] == "ok" and rep["result"]["deleted"] == 1, rep
+    history = history_by_route(engine)
+    assert ids[orphan] not in history and history[ids[owned]] == 2  # the deleted route's history went too
     assert jq.payloads([orphan, owned])[0] is None and jq.score(orphan) is None
     assert jq.score(owned) is not None
     with engine.connect() as c:

@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from helpers import add_history, history_by_route
+
 from magpie.blacklists.sources import add_source, parse_entries, set_policy
 from magpie.cli import main
 from magpie.config import get_settings
@@ -87,12 +89,15 @@ def test_refresh_flags_skips_and_removes_per_workspace_policy(s, db, q, tmp_path
     by_host = {**a, **_store(db, s, q, "beta", ["127.0.0.2", "127.0.1.6"]), **g}
     rid = {h: r.route_id for h, r in by_host.items()}
     member = {h: r.route_hash.strip() for h, r in by_host.items()}
+    add_history(db, rid.values())
 
     res = run_job(JOB, s, engine=db, redis=q.r)
     assert res["status"] == "ok", res
     r = res["result"]
     assert (r["sources"], r["sources_changed"], r["entries"], r["listed"]) == (1, 1, 2, 4)
     assert (r["memberships_removed"], r["routes_removed"], r["unscheduled"]) == (2, 1, 1)
+    # the removed route's history went with it; every route kept keeps its own
+    assert history_by_route(db) == {i: 2 for h, i in rid.items() if h != "127.0.1.6"}
     flags = _flags(db)
     assert set(flags) == {rid["127.0.0.2"], rid["127.0.1.5"], rid["127.0.1.7"]}
     # 127.0.0.2: alpha (flag) keeps it, beta (remove) lost it; still scheduled.

@@ -10,6 +10,7 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
+from helpers import add_history, history_by_route
 from magpie.cli import main
 from magpie.config import get_settings
 from magpie.queue import Payload, RouteQueue
@@ -55,6 +56,12 @@ def queue() -> RouteQueue:
     return RouteQueue.from_settings(get_settings())
 
 
+def route_ids(db) -> dict[str, int]:
+    """Route hash -> id."""
+    with db.connect() as c:
+        return {h.strip(): int(i) for h, i in c.execute(sa.text("SELECT route_hash, id FROM routes"))}
+
+
 def ws_of(q, h):
     p = q.payload(h)
     return None if p is None else Payload.decode(p, None).workspaces if '"c":' not in p else json.loads(p)["w"]
@@ -72,6 +79,8 @@ def test_workspaces_list_create_delete(cli, two_workspaces, db):
     assert "bad workspace name" in res.stderr and "\x1b" not in res.output
 
     beta_id = next(r["id"] for r in js(cli("workspaces", "list", "--json")) if r["name"] == "beta")
+    ids = route_ids(db)
+    add_history(db, ids.values())
     dry = js(cli("workspaces", "delete", "alpha", "--dry-run", "--json"))
     assert (dry["matched"], dry["removed"], dry["deleted"]) == (2, 0, False)
     assert q.payload(h["a"]) is not None
@@ -82,6 +91,8 @@ def test_workspaces_list_create_delete(cli, two_workspaces, db):
     assert ws_of(q, h["b"]) == [beta_id] and q.score(h["b"]) is not None  # beta keeps the shared one
     with db.connect() as c:
         assert c.execute(sa.text("SELECT count(*) FROM routes")).scalar() == 2
+    # the deleted route's history went with it; the routes beta keeps have theirs
+    assert history_by_route(db) == {ids[h["b"]]: 2, ids[h["c"]]: 2}
     assert {r["name"] for r in js(cli("workspaces", "list", "--json"))} == {"beta", "gamma"}
     assert "no workspace named" in cli("workspaces", "delete", "alpha", "--yes", code=2).stderr
 
@@ -122,11 +133,14 @@ def test_detach_keeps_a_workspace_an_import_adds_between_read_and_removal(cli, t
 
 def test_bulk_remove_routes_by_protocol_workspace_and_dead_days(cli, two_workspaces, db):
     q, h = queue(), two_workspaces
+    ids = route_ids(db)
+    add_history(db, ids.values())
     assert "at least one filter" in cli("bulk", "remove-routes", "--yes", code=2).stderr
     dry = js(cli("bulk", "remove-routes", "--protocol", "socks5", "--dry-run", "--json"))
     assert dry["matched"] == 1 and q.payload(h["c"]) is not None
     out = js(cli("bulk", "remove-routes", "--protocol", "socks5", "--yes", "--json"))
     assert (out["matched"], out["removed"]) == (1, 1) and q.payload(h["c"]) is None
+    assert history_by_route(db) == {ids[h["a"]]: 2, ids[h["b"]]: 2}  # c's history went with it
     with db.begin() as c:  # b failing and not alive for 10 days; a alive
         ids = dict(c.execute(sa.text("SELECT route_hash, id FROM routes")).all())
         c.execute(sa.text("INSERT INTO route_health (route_id, alive, last_checked_at, last_alive_at) VALUES "
@@ -136,9 +150,11 @@ def test_bulk_remove_routes_by_protocol_workspace_and_dead_days(cli, two_workspa
     out = js(cli("bulk", "remove-routes", "--dead-days", "7", "-w", "beta", "--yes", "--json"))
     assert (out["matched"], out["removed"], out["updated"]) == (1, 0, 1)
     assert ws_of(q, h["b"]) and q.score(h["b"]) is not None  # still alpha's
+    assert history_by_route(db) == {ids[h["a"]]: 2, ids[h["b"]]: 2}  # and keeps its history
     out = js(cli("bulk", "remove-routes", "--dead-days", "7", "--yes", "--json"))
     assert (out["matched"], out["removed"]) == (1, 1) and q.payload(h["b"]) is None
     assert q.payload(h["a"]) is not None
+    assert history_by_route(db) == {ids[h["a"]]: 2}
 
 
 def dead_letter(q, member, reason="stalled", at_ms=1_000):

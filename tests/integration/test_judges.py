@@ -14,7 +14,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from helpers import wait_until
+from helpers import history_by_route, wait_until
 
 from magpie.checker.check import LoopThread
 from magpie.checker.judge import make_judge_server
@@ -357,6 +357,7 @@ def test_auto_remove_drops_ownership_and_the_last_owner_route_while_an_import_ke
     with db.connect() as c:
         left = set(c.execute(sa.text("SELECT route_hash FROM routes")).scalars())
     assert {h.strip() for h in left} == {shared, contested}
+    assert history_by_route(db) == {ids[shared]: 2, ids[contested]: 2}  # the deleted route's history went too
 
 
 def test_verification_records_drops_and_merges_back_missing_owners(db, settings, redis_client, workspaces):

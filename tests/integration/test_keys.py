@@ -166,7 +166,7 @@ def test_export_then_import_under_a_new_key_in_a_new_deployment(cli, db, tmp_pat
 
     # the new deployment: empty database, a fresh schedule prefix, a new key
     with db.begin() as c:
-        c.execute(sa.text("TRUNCATE routes, workspaces, deployment_keys RESTART IDENTITY CASCADE"))
+        c.execute(sa.text("TRUNCATE routes, check_history, workspaces, deployment_keys RESTART IDENTITY CASCADE"))
     new = {"MAGPIE_REDIS_PREFIX": settings.redis_prefix + "new:"}
     cli("db", "upgrade", key=OTHER_KEY, **new)
     for name, file in (("alpha", "alpha.txt"), ("be/ta", "be%2Fta.txt")):

@@ -10,7 +10,7 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from helpers import wait_until
+from helpers import add_history, history_by_route, wait_until
 
 from magpie.base.crypto import get_keyring
 from magpie.db.repo import upsert_routes
@@ -364,9 +364,11 @@ def test_orphan_routes_leave_postgres_and_redis_except_under_a_live_lease(s, db,
             {"ids": [r1.route_id, r2.route_id, r4.route_id]},
         )
     q.remove_route(r4.route_hash)  # an earlier pass removed it from Redis and died before its commit
+    add_history(db, [x.route_id for x in (r1, r2, r3, r4)])
 
     res = run_job("orphan_routes", s, engine=db, redis=redis_client)
     assert res["result"] == {"deleted": 2, "skipped_leased": 1, "complete": True}
+    assert history_by_route(db) == {r2.route_id: 2, r3.route_id: 2}  # the deleted routes' history went too
 
     def in_pg(x):
         with db.connect() as c:
@@ -381,6 +383,7 @@ def test_orphan_routes_leave_postgres_and_redis_except_under_a_live_lease(s, db,
     q.complete([lease])
     res = run_job("orphan_routes", s, engine=db, redis=redis_client)
     assert res["result"]["deleted"] == 1 and in_pg(r2) == 0 and q.payload(r2.route_hash) is None
+    assert history_by_route(db) == {r3.route_id: 2}
     with pytest.raises(QueueError):
         q.remove_route(r2.route_hash)
 

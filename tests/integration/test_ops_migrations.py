@@ -125,3 +125,66 @@ def test_plain_alembic_check_reads_the_magpie_setting(fresh_url):
     res = subprocess.run([str(alembic), "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "No new upgrade operations detected" in res.stdout + res.stderr
+
+
+def _history_fks(engine) -> set[tuple[str, str]]:
+    """(table, referenced table) of every foreign key on ``check_history`` and its partitions."""
+    with engine.connect() as c:
+        return set(c.execute(sa.text(
+            "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint WHERE contype = 'f' "
+            "AND conrelid IN (SELECT 'check_history'::regclass UNION ALL "
+            "SELECT inhrelid FROM pg_inherits WHERE inhparent = 'check_history'::regclass)")).all())
+
+
+def _history_rows(engine) -> dict[int, int]:
+    with engine.connect() as c:
+        return dict(c.execute(sa.text("SELECT route_id, count(*) FROM check_history GROUP BY route_id")).all())
+
+
+def test_history_foreign_key_goes_and_comes_back_on_a_database_holding_data(fresh_url):
+    """0017 drops check_history's foreign key on the parent and every partition and keeps every row; its
+    downgrade deletes the history of routes deleted meanwhile and puts the key (and the cascade) back."""
+    from datetime import UTC, datetime
+
+    from magpie.db.deletion import delete_routes
+    from magpie.maintenance.partitions import create_month_partition
+
+    migrate.upgrade(fresh_url, "0016")
+    engine = sa.create_engine(fresh_url, poolclass=sa.pool.NullPool)
+    try:
+        part = create_month_partition(engine, datetime(2096, 3, 1, tzinfo=UTC))["name"]
+        with engine.begin() as c:
+            c.execute(sa.text("INSERT INTO workspaces (name) VALUES ('w')"))
+            ids = list(c.execute(sa.text(
+                "INSERT INTO routes (route_hash, protocol, host, port) SELECT lpad(g::text, 24, '0'), 'http', "
+                "'10.0.0.' || g, 8080 FROM generate_series(1, 4) g RETURNING id")).scalars())
+            c.execute(sa.text("INSERT INTO route_workspaces (route_id, workspace_id) SELECT id, 1 FROM routes"))
+            c.execute(sa.text(  # one row in the month's partition and one in DEFAULT per route
+                "INSERT INTO check_history (route_id, checked_at, alive) SELECT id, t, false FROM routes, "
+                "unnest(ARRAY[timestamptz '2096-03-05 12:00Z', timestamptz '2000-01-01 00:00Z']) t"))
+        under_fk = {("check_history", "routes"), ("check_history_default", "routes"), (part, "routes")}
+        assert _history_fks(engine) == under_fk
+        a, b, c_, d = ids
+
+        migrate.upgrade(fresh_url)
+        assert migrate.current_revision(fresh_url) == "0017"
+        assert _history_fks(engine) == set()
+        assert _history_rows(engine) == {a: 2, b: 2, c_: 2, d: 2}
+        with engine.begin() as c:
+            assert delete_routes(c, [b], owned=True) == [b]  # the code's way: history goes too
+            c.execute(sa.text("DELETE FROM routes WHERE id = :i"), {"i": c_})  # behind the code's back
+        assert _history_rows(engine) == {a: 2, c_: 2, d: 2}
+
+        migrate.downgrade(fresh_url, "0016")
+        assert migrate.current_revision(fresh_url) == "0016"
+        assert _history_fks(engine) == under_fk
+        assert _history_rows(engine) == {a: 2, d: 2}  # the orphaned rows could not stand under the key
+        with engine.begin() as c:  # the cascade is back
+            c.execute(sa.text("DELETE FROM routes WHERE id = :i"), {"i": d})
+        assert _history_rows(engine) == {a: 2}
+
+        migrate.upgrade(fresh_url)
+        assert _history_fks(engine) == set() and _history_rows(engine) == {a: 2}
+        assert _compare(fresh_url) == []
+    finally:
+        engine.dispose()

@@ -55,7 +55,7 @@ def seeded_app(pg_url):
         for key in list(r.scan_iter(match=prefix + "*")) + list(r.scan_iter(match="{" + prefix + "*")):
             r.delete(key)
         with engine.begin() as c:
-            c.execute(sa.text("TRUNCATE workspaces, routes RESTART IDENTITY CASCADE"))
+            c.execute(sa.text("TRUNCATE workspaces, routes, check_history RESTART IDENTITY CASCADE"))
         engine.dispose()
         r.close()
 
