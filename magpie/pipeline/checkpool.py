@@ -371,6 +371,31 @@ class CheckPool:
             return 0
         return len(leases)
 
+    def offer(self, leases: Sequence[Lease]) -> list[Lease]:
+        """Admit (thread-safe, never blocking) as many of ``leases`` as this process has free slots for and
+        return the rest, in order, for another process to take: a full process forwards a message instead
+        of holding it behind its own checks (see ``magpie.check_routes``). A closing pool admits nothing
+        and returns every lease."""
+        self.start()
+        leases = list(leases)
+        if not leases:
+            return []
+        received = time.time() * 1000
+        with self._cond:
+            if self._closing or self._loop is None:
+                return leases
+            room = self.capacity - len(self._running) - self._held
+            take = leases[:max(0, room)]
+            if not take:
+                return leases
+            self._held += len(take)
+            self._inbox.append((received, take))
+        try:
+            self._loop.loop.call_soon_threadsafe(self._take_inbox)
+        except RuntimeError:  # the loop stopped under us: close() hands back what it finds
+            return leases[len(take):]
+        return leases[len(take):]
+
     def _take_inbox(self) -> None:
         """On the loop: move submitted leases into the pending queues and start what the slots allow."""
         if not self._inbox:

@@ -11,15 +11,21 @@ from magpie.wiring import runtime
 from magpie.wiring.celery_app import app
 
 
-def _dispatch_checks(leases: list[dict]) -> None:
+FORWARD_HOPS = 2
+"""Times a check message's leases may be passed on by full processes before one waits for a slot."""
+
+
+def _dispatch_checks(leases: list[dict], hops: int = 0) -> None:
     """Send one ``magpie.check_routes`` message with ``leases`` (:meth:`Lease.to_dict` dicts), sealed.
 
     The lease list (payloads carry credentials) is encrypted once per message (:mod:`magpie.queue.seal`);
-    ``argsrepr``/``kwargsrepr`` keep task events and Flower down to a lease count."""
+    ``argsrepr``/``kwargsrepr`` keep task events and Flower down to a lease count. ``hops``: how many full
+    processes already passed these leases on (0 from promote)."""
     from magpie.queue.seal import describe, get_seal
 
     sealed = get_seal(runtime.settings().encryption_key).seal(leases)
-    check_routes.apply_async(args=[sealed], queue="checks", argsrepr=describe(len(leases)), kwargsrepr="{}")
+    args = [sealed] if not hops else [sealed, hops]
+    check_routes.apply_async(args=args, queue="checks", argsrepr=describe(len(leases)), kwargsrepr="{}")
 
 
 @app.task(name="magpie.promote", ignore_result=True)
@@ -36,13 +42,23 @@ def promote() -> int:
 
 
 @app.task(name="magpie.check_routes", ignore_result=True)
-def check_routes(sealed: str) -> int:
+def check_routes(sealed: str, hops: int = 0) -> int:
     """Open one sealed check message (:func:`_dispatch_checks`) and admit its leases into this process's
-    check pool; returns the count admitted. Raises :class:`magpie.queue.seal.SealError` for a message
-    not sealed under this worker's ``PROXY_ENCRYPTION_KEY`` (its leases expire and come back)."""
+    check pool; returns the count admitted here. A process without free slots for all of them passes the
+    rest on in a new message at once (:meth:`CheckPool.offer`), so leases never wait behind one full
+    process while another has slots; after :data:`FORWARD_HOPS` passes a process waits for slots
+    (:meth:`CheckPool.submit`). Raises :class:`magpie.queue.seal.SealError` for a message not sealed under
+    this worker's ``PROXY_ENCRYPTION_KEY`` (its leases expire and come back)."""
     from magpie.queue.seal import get_seal
 
-    return runtime.check_pool().submit(get_seal(runtime.settings().encryption_key).unseal_leases(sealed))
+    leases = get_seal(runtime.settings().encryption_key).unseal_leases(sealed)
+    pool = runtime.check_pool()
+    if hops >= FORWARD_HOPS:
+        return pool.submit(leases)
+    rest = pool.offer(leases)
+    if rest:
+        _dispatch_checks([le.to_dict() for le in rest], hops + 1)
+    return len(leases) - len(rest)
 
 
 @app.task(name="magpie.ingest_stats", ignore_result=True)

@@ -265,6 +265,25 @@ def test_a_full_process_takes_no_second_message_while_one_already_waits(q):
     assert pool.totals.completed == 104
 
 
+def test_offer_admits_what_the_free_slots_take_and_returns_the_rest(q):
+    seed(q, [1000] * 15)
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q), capacity=10)
+    try:
+        leases = q.pop(15)
+        rest = pool.offer(leases[:12])
+        assert [le.member for le in rest] == [le.member for le in leases[10:12]]
+        assert pool.offer(leases[12:]) == leases[12:]  # no free slot: nothing admitted, nothing waits
+        assert pool.stats().pending <= 10
+        wait_until(lambda: engine.finished, timeout=10, what="a slot freed")
+        wait_until(lambda: len(pool._running) < 10, timeout=5, what="the slot released")
+        assert pool.offer(leases[12:13]) == []
+        assert pool.wait_idle(20)
+    finally:
+        pool.close()
+    assert pool.totals.completed == 11 and sorted(engine.started) == [1000] * 11
+
+
 def test_lost_lease_cancels_the_attempt_in_flight(q):
     seed(q, [30_000])
     le = q.pop(1, lease_ms=60_000)[0]

@@ -117,9 +117,9 @@ def test_dispatch_sends_one_sealed_message_with_a_short_argsrepr(monkeypatch):
     admitted = []
 
     class Pool:
-        def submit(self, ls):
+        def offer(self, ls):
             admitted.extend(ls)
-            return len(ls)
+            return []
 
     monkeypatch.setattr(runtime, "check_pool", lambda: Pool())
     assert tasks.check_routes.run(arg) == 3
@@ -127,3 +127,40 @@ def test_dispatch_sends_one_sealed_message_with_a_short_argsrepr(monkeypatch):
     with pytest.raises(SealError):
         tasks.check_routes.run(leases)  # an unsealed message admits nothing
     assert len(admitted) == 3
+
+
+def test_a_full_process_passes_the_leases_it_has_no_slot_for_on(monkeypatch):
+    from magpie.wiring import runtime, tasks
+
+    sent = []
+    monkeypatch.setattr(tasks.check_routes, "apply_async", lambda **kw: sent.append(kw))
+    leases = _leases(5)
+    tasks._dispatch_checks(leases)
+    (arg,) = sent.pop()["args"]
+    taken, waited = [], []
+
+    class Pool:  # two free slots, then none
+        room = 2
+
+        def offer(self, ls):
+            n, self.room = min(self.room, len(ls)), self.room - min(self.room, len(ls))
+            taken.extend(ls[:n])
+            return ls[n:]
+
+        def submit(self, ls):
+            waited.extend(ls)
+            return len(ls)
+
+    monkeypatch.setattr(runtime, "check_pool", lambda: Pool())
+    assert tasks.check_routes.run(arg) == 2
+    (kw,) = sent
+    sealed, hops = kw["args"]
+    assert hops == 1 and kw["argsrepr"] == "<3 leases>" and kw["queue"] == "checks"
+    assert [le.to_dict() for le in taken] == leases[:2]
+    sent.clear()
+    monkeypatch.setattr(runtime, "check_pool", lambda: Pool())
+    assert tasks.check_routes.run(sealed, hops) == 2  # the next process takes two, passes one on
+    ((sealed, hops),) = [kw["args"] for kw in sent]
+    assert hops == 2
+    assert tasks.check_routes.run(sealed, hops) == 1 and not sent[1:]  # the last hop waits for a slot
+    assert [le.to_dict() for le in waited] == leases[4:]
