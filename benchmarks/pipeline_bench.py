@@ -64,7 +64,8 @@ Figures per line (window = ``--seconds`` after warm-up):
   tarpit_peak_queue_pct   fullest tarpit accept queue seen (% of its maximum)
   listen_overflows / listen_drops  ``/proc/net/netstat`` ListenOverflows / ListenDrops delta (the whole
                           host: handshakes dropped at a full accept queue)
-  limited_by              none (achieved_ratio >= 0.97), lab:queues (reaped_waiting or overflows),
+  limited_by              none (achieved_ratio >= 0.97), lab:queues (reaped_waiting + overflows >= 0.1 %
+                          of the tarpit checks),
                           lab:cpu (machine >= 90 % busy and the lab >= 25 % of it), other-load (machine
                           >= 90 % busy, >= 25 % of it not this run's: unaccounted_cpu_util), else magpie
   sched_lag_s / due_end   at the window's end: now minus the oldest claimable score, claimable routes
@@ -381,14 +382,22 @@ def ideal_rate(spec: Spec, slow_kinds: int, others: int) -> float:
     return slow_kinds / (spec.interval + spec.attempts * spec.timeout) + others / spec.interval
 
 
+LAB_QUEUE_SHARE = 0.001
+"""Tarpit checks the lab's queues cut short (reaped while waiting, or dropped) that make it the limit."""
+
+
 def limited_by(f: dict) -> str:
     """What the achieved/ideal ratio looks limited by: ``none`` (it keeps up), ``lab:queues`` (a tarpit
-    reaper cut live clients short or the kernel dropped handshakes), ``lab:cpu`` (the machine is busy and
+    reaper cut live clients short or the kernel dropped handshakes, for at least :data:`LAB_QUEUE_SHARE`
+    of the tarpit checks), ``lab:cpu`` (the machine is busy and
     the lab has a large share of it), ``other-load`` (the machine is busy with work that is not this
     run's), else ``magpie``."""
     if f.get("achieved_ratio", 0) >= KEEPS_UP:
         return "none"
-    if f.get("tarpit_reaped_waiting", 0) > 0 or f.get("listen_overflows", 0) > 0:
+    kinds = dict(part.split(":", 1) for part in str(f.get("by_kind") or "").split("/") if ":" in part)
+    tarpits = int(kinds.get("tarpit", 0) or 0)
+    cut = f.get("tarpit_reaped_waiting", 0) + f.get("listen_overflows", 0)
+    if cut > 0 and cut >= LAB_QUEUE_SHARE * max(tarpits, 1):
         return "lab:queues"
     if f.get("machine_cpu_util", 0) >= 0.90:
         if f.get("lab_cpu_share", 0) >= 0.25:
