@@ -234,9 +234,8 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> 
     # Lock the referenced routes against deletion until commit (check_history has no foreign key: this
     # lock is its integrity, see magpie.db.deletion), and check the hash so a result never lands on a
     # different route that reuses an id (e.g. after a database rebuild).
-    known: dict[int, str] = dict(
-        conn.exec_driver_sql(_ROUTES, (int_array(sorted({e.route_id for e in entries})),)).all()
-    )
+    locked = conn.exec_driver_sql(_ROUTES, (int_array(sorted({e.route_id for e in entries})),))
+    known: dict[int, str] = {rid: route_hash for rid, route_hash in locked}
     good: list[StreamEntry] = []
     dead: list[DeadLetter] = []
     for e in entries:
@@ -311,9 +310,9 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) ->
     route_ids = sorted(by_route)
     ids = int_array(route_ids)  # one literal for the three statements on these routes
     conn.exec_driver_sql(_HEALTH_ROWS, (ids,))
-    rows = conn.exec_driver_sql(_HEALTH_LOCK, (ids,)).all()
-    state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in rows}
-    out = []  # one row per route, in _HEALTH_UPDATE's column order
+    locked = conn.exec_driver_sql(_HEALTH_LOCK, (ids,))  # rows taken one at a time, no list of them kept
+    state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in locked}
+    cols: tuple[list, ...] = tuple([] for _ in _HEALTH_ARRAYS)  # in _HEALTH_UPDATE's column order
     for rid in route_ids:
         es = by_route[rid]
         if len(es) > 1:
@@ -338,7 +337,7 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) ->
         if newest_alive is not None and (last_alive is None or newest_alive.checked_at > last_alive):
             last_alive = newest_alive.result.checked_at_ms  # Unix ms (timestamp_array takes both)
         r = top.result
-        out.append((
+        row = (
             rid,
             len(es),
             n_alive,
@@ -354,8 +353,9 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) ->
             r.attempts,
             exit_ip,
             *_exit_geo(geo, exit_ip),
-        ))
-    cols = zip(*out)
+        )
+        for col, v in zip(cols, row):
+            col.append(v)
     conn.exec_driver_sql(_HEALTH_UPDATE, tuple(f(col) for f, col in zip(_HEALTH_ARRAYS, cols)))
     conn.exec_driver_sql(_MARK_DIRTY, (ids,))  # reputation recomputes them (magpie.derived)
 
