@@ -250,30 +250,26 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> 
     if not good:
         return 0, 0, dead
 
-    ledger = [e.ledger_id for e in good]
-    fresh = set(conn.exec_driver_sql(_LEDGER, (text_array(sorted(set(ledger))),)).scalars())
+    fresh = set(conn.exec_driver_sql(_LEDGER, (text_array(sorted({e.ledger_id for e in good})),)).scalars())
     todo: list[StreamEntry] = []
-    todo_ids: list[str] = []
-    for e, lid in zip(good, ledger):  # one entry per ledger id, even when a redriven copy shares the batch
-        if lid in fresh:
-            fresh.discard(lid)
+    for e in good:  # one entry per ledger id, even when a redriven copy shares the batch
+        if e.ledger_id in fresh:
+            fresh.discard(e.ledger_id)
             todo.append(e)
-            todo_ids.append(lid)
     replayed = len(good) - len(todo)
     if not todo:
         return 0, replayed, dead
 
-    copy_in(conn, "check_history", _HISTORY_COLUMNS, _history_rows(todo, todo_ids))
+    copy_in(conn, "check_history", _HISTORY_COLUMNS, _history_rows(todo))
     _update_health(conn, todo, geo)
     update_failures(conn, todo)  # per (workspace, route) failure streaks (magpie.judges.failures)
     return len(todo), replayed, dead
 
 
-def _history_rows(entries: Sequence[StreamEntry], ledger_ids: Sequence[str]) -> str:
-    """``check_history`` rows of ``entries`` (columns :data:`_HISTORY_COLUMNS`, ``stream_id`` from
-    ``ledger_ids``) in ``COPY`` text format."""
+def _history_rows(entries: Sequence[StreamEntry]) -> str:
+    """``check_history`` rows of ``entries`` (columns :data:`_HISTORY_COLUMNS`) in ``COPY`` text format."""
     rows = []
-    for e, lid in zip(entries, ledger_ids):
+    for e in entries:
         r = e.result
         alive, lat, status, attempts = r.alive, r.latency_ms, r.status, r.attempts
         rows.append(
@@ -283,7 +279,7 @@ def _history_rows(entries: Sequence[StreamEntry], ledger_ids: Sequence[str]) -> 
             f"{NULL if status is None else int(status)}\t"
             f"{NULL if attempts is None else int(attempts)}\t"
             f"{copy_field(r.error)}\t{copy_field(r.anonymity)}\t{copy_field(r.body)}\t"
-            f"{copy_field(r.judge)}\t{copy_field(lid)}\t{copy_field(r.exit_ip)}\n"
+            f"{copy_field(r.judge)}\t{copy_field(e.ledger_id)}\t{copy_field(r.exit_ip)}\n"
         )
     return "".join(rows)
 
