@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
+from magpie.db.bulk import bool_array, int_array, timestamp_array
+
 OWNERS_FIELD = "wf"
 
 STREAK_SQL = ("CASE WHEN f.last_checked_at IS NOT NULL AND f.last_checked_at >= h.last_checked_at "
@@ -40,6 +42,9 @@ _UPSERT = """
         last_checked_at = greatest(EXCLUDED.last_checked_at, f.last_checked_at),
         updated_at = now()
 """
+
+_PAIR_ARRAYS = (int_array, int_array, bool_array, int_array, timestamp_array, timestamp_array)
+"""Literal builders of :data:`_PAIRS`' arrays, in its order."""
 
 
 def parse_owners(text: str) -> list[tuple[int, bool]]:
@@ -83,7 +88,8 @@ def update_failures(conn: sa.Connection, entries: Sequence) -> None:
         outs.sort(key=lambda o: o[0])
         for col, v in zip(cols, (ws, rid, *_fold([(a, t) for _, a, t in outs]))):
             col.append(v)
+    arrays = tuple(f(col) for f, col in zip(_PAIR_ARRAYS, cols))  # each array one literal (magpie.db.bulk)
     for reset, streak in ((True, "EXCLUDED.consecutive_failures"),
                           (False, "f.consecutive_failures + EXCLUDED.consecutive_failures")):
         if reset in cols[2]:
-            conn.exec_driver_sql(_UPSERT.format(source=_PAIRS, streak=streak), (*cols, reset))
+            conn.exec_driver_sql(_UPSERT.format(source=_PAIRS, streak=streak), (*arrays, reset))

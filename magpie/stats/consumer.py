@@ -101,8 +101,14 @@ class IngestReport:
     infra_cleared: int = 0
 
 
-def _decode_entries(raw) -> list[tuple[str, dict[str, str]]]:
-    return [(text(sid), {text(k): text(v) for k, v in (fields or {}).items()}) for sid, fields in raw]
+def _decode_fields(fields) -> dict[str, str]:
+    """An entry's fields as ``str`` (:func:`~magpie.queue.streams.text`); None (a deleted entry) is ``{}``."""
+    if not fields:
+        return {}
+    try:  # UTF-8 bytes, as almost always: decoded in two C loops
+        return dict(zip(map(bytes.decode, fields.keys()), map(bytes.decode, fields.values())))
+    except (TypeError, UnicodeDecodeError):  # str replies (decode_responses), or bad bytes to replace
+        return {text(k): text(v) for k, v in fields.items()}
 
 
 def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms: int, recover: bool = True):
@@ -115,8 +121,8 @@ def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms
     # 1. Entries delivered to this consumer earlier and never acknowledged (e.g. PostgreSQL was down).
     resp = redis.xreadgroup(GROUP, consumer, {key: "0"}, count=batch) if recover else None
     for _, entries in resp or []:
-        for sid, fields in _decode_entries(entries):
-            taken[sid] = fields
+        for sid, fields in entries:
+            taken[text(sid)] = _decode_fields(fields)
     # 2. Entries another (dead or stuck) consumer has held longer than min_idle_ms.
     cursor = "0-0"
     scans = 0
@@ -125,8 +131,10 @@ def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms
         nxt, claimed, *rest = redis.xautoclaim(
             key, GROUP, consumer, min_idle_time=min_idle_ms, start_id=cursor, count=batch - len(taken)
         )
-        for sid, fields in _decode_entries(claimed):
-            taken.setdefault(sid, fields)
+        for sid, fields in claimed:
+            sid = text(sid)
+            if sid not in taken:
+                taken[sid] = _decode_fields(fields)
         for sid in rest[0] if rest else []:
             dead.append(DeadLetter(text(sid), _TRIMMED, {}, ack=False))
         cursor = text(nxt)
@@ -138,8 +146,10 @@ def _read(redis, key: str, consumer: str, batch: int, block_ms: int, min_idle_ms
         block = block_ms if block_ms > 0 and not taken and not dead else None
         resp = redis.xreadgroup(GROUP, consumer, {key: ">"}, count=batch - len(taken), block=block)
         for _, entries in resp or []:
-            for sid, fields in _decode_entries(entries):
-                taken.setdefault(sid, fields)
+            for sid, fields in entries:
+                sid = text(sid)
+                if sid not in taken:
+                    taken[sid] = _decode_fields(fields)
     return taken, dead, recovered
 
 

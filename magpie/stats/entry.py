@@ -24,13 +24,13 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from magpie.checker.anonymity import LEVELS, normalize_ip
 from magpie.checker.result import CheckResult
 from magpie.errors import MagpieError
-from magpie.queue.streams import id_parts
+from magpie.queue.streams import id_parts, ledger_id
 
 ROUTE_FIELDS = ("route_id", "route_hash")
 """Fields naming the checked route."""
@@ -56,6 +56,9 @@ _INT32 = 2**31 - 1
 _INT64 = 2**63 - 1
 _SMALLINT = 32767
 _STREAM_ID = re.compile(r"[0-9]{1,20}-[0-9]{1,20}")
+_UNSET = object()
+_OCTET = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_IPV4 = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")  # an IPv4 address as normalize_ip writes it
 
 
 class MalformedEntry(MagpieError, ValueError):
@@ -168,6 +171,8 @@ def _exit_ip(fields: Mapping[str, str]) -> str | None:
     raw = (fields.get("exit_ip") or "").strip()
     if not raw:
         return None
+    if _IPV4.fullmatch(raw):  # already in normal form (what a check writes); anything else is parsed
+        return raw
     ip = normalize_ip(raw) if len(raw) <= 64 else None
     if ip is None:
         raise MalformedEntry(f"field 'exit_ip' is not an IP address: {raw[:40]!r}")
@@ -242,20 +247,34 @@ class StreamEntry:
     fields: dict[str, str]
     origin_id: str | None = None
     space: int = 0
+    # derived values, computed on first use and again only when what they derive from changed (plain
+    # slots: no extra object per entry for the garbage collector to track)
+    _at_ms: object = field(default=_UNSET, init=False, repr=False, compare=False)
+    _at: datetime | None = field(default=None, init=False, repr=False, compare=False)
+    _lid_of: object = field(default=_UNSET, init=False, repr=False, compare=False)
+    _lid_origin: str | None = field(default=None, init=False, repr=False, compare=False)
+    _lid_space: int = field(default=0, init=False, repr=False, compare=False)
+    _lid: str = field(default="", init=False, repr=False, compare=False)
 
     @property
     def ledger_id(self) -> str:
         """The id the replay ledger and ``check_history.stream_id`` record: :attr:`origin_id` for a
         redriven entry, else :attr:`stream_id`, in the stream's ledger space
         (:func:`magpie.queue.streams.ledger_id`; unchanged for the untagged stream)."""
-        from magpie.queue.streams import ledger_id
-
-        return ledger_id(self.origin_id or self.stream_id, self.space)
+        if self._lid_of is not self.stream_id or self._lid_origin is not self.origin_id \
+                or self._lid_space != self.space:
+            self._lid = ledger_id(self.origin_id or self.stream_id, self.space)
+            self._lid_of, self._lid_origin, self._lid_space = self.stream_id, self.origin_id, self.space
+        return self._lid
 
     @property
     def checked_at(self) -> datetime:
         """``result.checked_at_ms`` as an aware UTC datetime."""
-        return _EPOCH + timedelta(milliseconds=self.result.checked_at_ms)
+        ms = self.result.checked_at_ms
+        if self._at_ms is not ms:
+            self._at = _EPOCH + timedelta(milliseconds=ms)
+            self._at_ms = ms
+        return self._at
 
     @property
     def order(self) -> tuple[datetime, int, int]:

@@ -18,6 +18,11 @@ would lock the route again for every row), and a route's deletion waits for the 
 the route's history in its own transaction (:mod:`magpie.db.deletion`). Results the database rejects are
 isolated by applying one result per transaction and come back as dead letters.
 
+Per batch, ``check_history`` rows go in with one ``COPY`` (routed to the partitions as an ``INSERT`` is; a
+row no partition covers fails it with the same ``check_violation``, a data error); the other statements
+take each array as one literal (:mod:`magpie.db.bulk`), which costs the client and the server less than a
+list adapted and parsed element by element.
+
 Failures come in two kinds (:func:`is_data_error`, :func:`is_infra_failure`): a *data error* is that
 entry's fault (``psycopg2`` ``DataError`` / ``IntegrityError``, or a :class:`MalformedEntry` found while
 applying) and dead-letters it; an *infrastructure failure* is the database's (connection lost or refused,
@@ -35,6 +40,17 @@ import psycopg2
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from magpie.db.bulk import (
+    NULL,
+    bool_array,
+    copy_field,
+    copy_in,
+    float_array,
+    int_array,
+    ms_timestamp,
+    text_array,
+    timestamp_array,
+)
 from magpie.judges.failures import update_failures
 from magpie.stats.entry import DeadLetter, MalformedEntry, StreamEntry
 
@@ -45,13 +61,8 @@ _LEDGER = """
     ON CONFLICT (stream_id) DO NOTHING
     RETURNING stream_id
 """
-_HISTORY = """
-    INSERT INTO check_history (route_id, checked_at, alive, latency_ms, status, attempts,
-                               error, anonymity, body, judge, stream_id, exit_ip)
-    SELECT * FROM unnest(%s::bigint[], %s::timestamptz[], %s::boolean[], %s::real[], %s::integer[],
-                         %s::smallint[], %s::text[], %s::text[], %s::text[], %s::text[], %s::text[],
-                         %s::text[])
-"""
+_HISTORY_COLUMNS = ("route_id", "checked_at", "alive", "latency_ms", "status", "attempts", "error",
+                    "anonymity", "body", "judge", "stream_id", "exit_ip")
 _HEALTH_ROWS = """
     INSERT INTO route_health (route_id)
     SELECT r FROM unnest(%s::bigint[]) AS r ORDER BY r
@@ -172,7 +183,7 @@ def applied_ids(engine: Engine, ledger_ids: Sequence[str]) -> set[str]:
     if not ledger_ids:
         return set()
     with engine.connect() as conn:
-        return set(conn.exec_driver_sql(_APPLIED, (sorted(set(ledger_ids)),)).scalars())
+        return set(conn.exec_driver_sql(_APPLIED, (text_array(sorted(set(ledger_ids))),)).scalars())
 
 
 def apply_results(engine: Engine, entries: list[StreamEntry], geo=None) -> tuple[int, int, list[DeadLetter]]:
@@ -223,9 +234,8 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> 
     # Lock the referenced routes against deletion until commit (check_history has no foreign key: this
     # lock is its integrity, see magpie.db.deletion), and check the hash so a result never lands on a
     # different route that reuses an id (e.g. after a database rebuild).
-    known: dict[int, str] = dict(
-        conn.exec_driver_sql(_ROUTES, (sorted({e.route_id for e in entries}),)).all()
-    )
+    locked = conn.exec_driver_sql(_ROUTES, (int_array(sorted({e.route_id for e in entries})),))
+    known: dict[int, str] = {rid: route_hash for rid, route_hash in locked}
     good: list[StreamEntry] = []
     dead: list[DeadLetter] = []
     for e in entries:
@@ -240,7 +250,7 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> 
     if not good:
         return 0, 0, dead
 
-    fresh = set(conn.exec_driver_sql(_LEDGER, (sorted({e.ledger_id for e in good}),)).scalars())
+    fresh = set(conn.exec_driver_sql(_LEDGER, (text_array(sorted({e.ledger_id for e in good})),)).scalars())
     todo: list[StreamEntry] = []
     for e in good:  # one entry per ledger id, even when a redriven copy shares the batch
         if e.ledger_id in fresh:
@@ -250,27 +260,28 @@ def _apply_tx(conn: sa.Connection, entries: Sequence[StreamEntry], geo=None) -> 
     if not todo:
         return 0, replayed, dead
 
-    results = [e.result for e in todo]
-    conn.exec_driver_sql(
-        _HISTORY,
-        (
-            [e.route_id for e in todo],
-            [e.checked_at for e in todo],
-            [r.alive for r in results],
-            [r.latency_ms for r in results],
-            [r.status for r in results],
-            [r.attempts for r in results],
-            [r.error for r in results],
-            [r.anonymity for r in results],
-            [r.body for r in results],
-            [r.judge for r in results],
-            [e.ledger_id for e in todo],
-            [r.exit_ip for r in results],
-        ),
-    )
+    copy_in(conn, "check_history", _HISTORY_COLUMNS, _history_rows(todo))
     _update_health(conn, todo, geo)
     update_failures(conn, todo)  # per (workspace, route) failure streaks (magpie.judges.failures)
     return len(todo), replayed, dead
+
+
+def _history_rows(entries: Sequence[StreamEntry]) -> str:
+    """``check_history`` rows of ``entries`` (columns :data:`_HISTORY_COLUMNS`) in ``COPY`` text format."""
+    rows = []
+    for e in entries:
+        r = e.result
+        alive, lat, status, attempts = r.alive, r.latency_ms, r.status, r.attempts
+        rows.append(
+            f"{e.route_id}\t{ms_timestamp(r.checked_at_ms)}\t"
+            f"{NULL if alive is None else 't' if alive else 'f'}\t"
+            f"{NULL if lat is None else repr(float(lat))}\t"
+            f"{NULL if status is None else int(status)}\t"
+            f"{NULL if attempts is None else int(attempts)}\t"
+            f"{copy_field(r.error)}\t{copy_field(r.anonymity)}\t{copy_field(r.body)}\t"
+            f"{copy_field(r.judge)}\t{copy_field(e.ledger_id)}\t{copy_field(r.exit_ip)}\n"
+        )
+    return "".join(rows)
 
 
 def _exit_geo(geo, ip: str | None) -> tuple[str | None, int | None, str | None]:
@@ -293,33 +304,43 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) ->
     for e in entries:
         by_route[e.route_id].append(e)
     route_ids = sorted(by_route)
-    conn.exec_driver_sql(_HEALTH_ROWS, (route_ids,))
-    rows = conn.exec_driver_sql(_HEALTH_LOCK, (route_ids,)).all()
-    state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in rows}
-    cols: tuple[list, ...] = tuple([] for _ in range(17))
+    ids = int_array(route_ids)  # one literal for the three statements on these routes
+    conn.exec_driver_sql(_HEALTH_ROWS, (ids,))
+    locked = conn.exec_driver_sql(_HEALTH_LOCK, (ids,))  # rows taken one at a time, no list of them kept
+    state = {rid: (last, cf, last_alive) for rid, last, cf, last_alive in locked}
+    cols: tuple[list, ...] = tuple([] for _ in _HEALTH_ARRAYS)  # in _HEALTH_UPDATE's column order
     for rid in route_ids:
-        es = sorted(by_route[rid], key=lambda e: e.order)
+        es = by_route[rid]
+        if len(es) > 1:
+            es.sort(key=lambda e: e.order)
         last, cf, last_alive = state[rid]
-        alive_times = [e.checked_at for e in es if e.result.alive]
-        if alive_times and (last_alive is None or alive_times[-1] > last_alive):
-            last_alive = alive_times[-1]
-        # Only results newer than the stored newest one extend (or reset) the failure streak and
-        # replace the "current" fields; older, late results only count in the totals.
-        newer = [e for e in es if last is None or e.checked_at > last]
-        for e in newer:
-            cf = 0 if e.result.alive else cf + 1
-        top = newer[-1] if newer else es[-1]
-        # the exit address: of the newest newer result that saw one (a failed check sees none)
-        exit_ip = next((e.result.exit_ip for e in reversed(newer) if e.result.exit_ip), None)
+        n_alive = n_newer = 0
+        newest_alive = exit_ip = None
+        top = es[-1]
+        for e in es:
+            r = e.result
+            if r.alive:
+                n_alive += 1
+                newest_alive = e
+            # Only results newer than the stored newest one extend (or reset) the failure streak and
+            # replace the "current" fields; older, late results only count in the totals.
+            if last is None or e.checked_at > last:
+                n_newer += 1
+                top = e
+                cf = 0 if r.alive else cf + 1
+                if r.exit_ip:  # the exit address: of the newest newer result that saw one
+                    exit_ip = r.exit_ip
+        if newest_alive is not None and (last_alive is None or newest_alive.checked_at > last_alive):
+            last_alive = newest_alive.result.checked_at_ms  # Unix ms (timestamp_array takes both)
         r = top.result
         row = (
             rid,
             len(es),
-            len(alive_times),
+            n_alive,
             cf,
             last_alive,
-            bool(newer),
-            top.checked_at,
+            n_newer > 0,
+            r.checked_at_ms,
             r.alive,
             r.latency_ms,
             r.status,
@@ -331,8 +352,15 @@ def _update_health(conn: sa.Connection, entries: list[StreamEntry], geo=None) ->
         )
         for col, v in zip(cols, row):
             col.append(v)
-    conn.exec_driver_sql(_HEALTH_UPDATE, cols)
-    conn.exec_driver_sql(_MARK_DIRTY, (route_ids,))  # reputation recomputes them (magpie.derived)
+    conn.exec_driver_sql(_HEALTH_UPDATE, tuple(f(col) for f, col in zip(_HEALTH_ARRAYS, cols)))
+    conn.exec_driver_sql(_MARK_DIRTY, (ids,))  # reputation recomputes them (magpie.derived)
+
+
+# literal builders of _HEALTH_UPDATE's arrays, in its order
+_HEALTH_ARRAYS = (
+    int_array, int_array, int_array, int_array, timestamp_array, bool_array, timestamp_array, bool_array,
+    float_array, int_array, text_array, text_array, int_array, text_array, text_array, int_array, text_array,
+)
 
 
 __all__ = [
