@@ -1033,7 +1033,6 @@ class Run:
         f["lab_cpu_util"] = cpu_g.get("lab", 0.0) / window  # cores
         busy = busy1 - busy0
         f["lab_cpu_share"] = cpu_g.get("lab", 0.0) / busy if busy > 0 else float("nan")
-        f["limited_by"] = limited_by(f)
         f["sched_lag_s"] = sched_lag
         f["due_end"] = due_end
         f["backlog_end"] = done1 - pg_total
@@ -1045,6 +1044,7 @@ class Run:
             f[f"rss_mb_{name.replace('-', '_')}"] = rss.get(name, float("nan"))
         f["window_s"] = window
         f["by_kind"] = "/".join(f"{k}:{by_kind[k]}" for k in sorted(by_kind)) or "-"
+        f["limited_by"] = limited_by(f)  # reads by_kind
         if "trickle" in extras:
             healthy = sum(n for host, n, _ in rows if kinds.get(host) == "echo")
             f["healthy_checks_per_s"] = healthy / window
