@@ -392,13 +392,13 @@ def limited_by(f: dict) -> str:
     of the tarpit checks), ``lab:cpu`` (the machine is busy and
     the lab has a large share of it), ``other-load`` (the machine is busy with work that is not this
     run's), else ``magpie``."""
-    if f.get("achieved_ratio", 0) >= KEEPS_UP:
-        return "none"
     kinds = dict(part.split(":", 1) for part in str(f.get("by_kind") or "").split("/") if ":" in part)
     tarpits = int(kinds.get("tarpit", 0) or 0)
     cut = f.get("tarpit_reaped_waiting", 0) + f.get("listen_overflows", 0)
     if cut > 0 and cut >= LAB_QUEUE_SHARE * max(tarpits, 1):
-        return "lab:queues"
+        return "lab:queues"  # first: tarpits cut short come back sooner, so even a ratio >= 1 proves nothing
+    if f.get("achieved_ratio", 0) >= KEEPS_UP:
+        return "none"
     if f.get("machine_cpu_util", 0) >= 0.90:
         if f.get("lab_cpu_share", 0) >= 0.25:
             return "lab:cpu"

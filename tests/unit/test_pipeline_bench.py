@@ -66,6 +66,7 @@ def test_limited_by(bench):
            "by_kind": "echo:101051/tarpit:431203"}
     assert bench.limited_by(few) == "magpie"  # 51 of 431,203 tarpit checks cut short: not the limit
     assert bench.limited_by({**few, "listen_overflows": 900}) == "lab:queues"
+    assert bench.limited_by({**few, "achieved_ratio": 1.0, "tarpit_reaped_waiting": 326_689}) == "lab:queues"
     busy = {"achieved_ratio": 0.8, "machine_cpu_util": 0.95}
     assert bench.limited_by({**busy, "lab_cpu_share": 0.4}) == "lab:cpu"
     assert bench.limited_by({**busy, "lab_cpu_share": 0.05, "unaccounted_cpu_util": 0.5}) == "other-load"
