@@ -32,7 +32,7 @@ NASTY = [
 
 @pytest.fixture
 def stored(db):
-    routes = [Route("http", "10.4.0.1", 8000 + i) for i in range(3)]
+    routes = [Route("http", "127.0.4.1", 8000 + i) for i in range(3)]
     return upsert_routes(db, get_keyring(KEY), "alpha", routes).routes
 
 
@@ -118,12 +118,12 @@ def test_text_fields_reach_check_history_exactly(db, redis_client, redis_prefix,
         entries.append(encode_result(route_id=a.route_id, route_hash=a.route_hash, alive=i % 2 == 0,
                                      checked_at_ms=T0 + i, latency_ms=12.5 if i % 2 == 0 else None,
                                      status=200, attempts=1, error=t, body=t, anonymity="elite",
-                                     judge="http://127.0.0.1:8899/" + t, exit_ip="10.0.0.1"))
+                                     judge="http://127.0.0.1:8899/" + t, exit_ip="127.0.0.11"))
     ids = append_entries(redis_client, redis_prefix, entries)
     rep = ingest(redis_client, db, redis_prefix, "c1")
     assert (rep.committed, rep.dead) == (len(texts), 0)
     stored_text = [t.replace("\x00", "") or None for t in texts]  # NUL removed, "" is NULL, as before
-    want = [(t, t, "http://127.0.0.1:8899/" + (t or ""), "elite", "10.0.0.1", sid)
+    want = [(t, t, "http://127.0.0.1:8899/" + (t or ""), "elite", "127.0.0.11", sid)
             for t, sid in zip(stored_text, ids)]
     assert _history(db) == want
 
@@ -133,7 +133,7 @@ def test_history_columns_match_the_entry(db, stored):
     fields = [
         encode_result(route_id=a.route_id, route_hash=a.route_hash, alive=True, checked_at_ms=T0 + 7,
                       latency_ms=1234.5678, status=201, attempts=3, error=None, body="{}", anonymity="elite",
-                      judge="http://127.0.0.1:8899/", exit_ip="::ffff:10.9.8.7"),
+                      judge="http://127.0.0.1:8899/", exit_ip="::ffff:127.9.8.7"),
         encode_result(route_id=b.route_id, route_hash=b.route_hash, alive=False, checked_at_ms=T0,
                       latency_ms=None, status=None, attempts=0, error="ReadTimeout", body=None,
                       anonymity=None, judge="http://127.0.0.1:8899/"),
@@ -147,7 +147,7 @@ def test_history_columns_match_the_entry(db, stored):
         (b.route_id, epoch + timedelta(milliseconds=T0), False, None, None, 0, "ReadTimeout", None, None,
          "http://127.0.0.1:8899/", f"{T0}-1", None),
         (a.route_id, epoch + timedelta(milliseconds=T0 + 7), True, pytest.approx(1234.568, rel=1e-6), 201, 3,
-         None, "elite", "{}", "http://127.0.0.1:8899/", f"{T0}-0", "10.9.8.7"),
+         None, "elite", "{}", "http://127.0.0.1:8899/", f"{T0}-0", "127.9.8.7"),
     ]
 
 

@@ -27,7 +27,7 @@ T0 = 1_700_000_000_000  # ms
 @pytest.fixture
 def routes(db):
     """Three routes of workspace ``alpha``: list of StoredRoute."""
-    stored = upsert_routes(db, get_keyring(KEY), "alpha", [Route("http", "10.9.0.1", 8000 + i) for i in range(3)])
+    stored = upsert_routes(db, get_keyring(KEY), "alpha", [Route("http", "127.0.9.1", 8000 + i) for i in range(3)])
     return stored.routes
 
 
