@@ -365,9 +365,7 @@ class CheckPool:
                 return 0
             self._held += len(leases)
             self._inbox.append((received, leases))
-        try:
-            self._loop.loop.call_soon_threadsafe(self._take_inbox)
-        except RuntimeError:  # the loop stopped under us: close() hands back what it finds
+        if not self._wake_inbox():
             return 0
         return len(leases)
 
@@ -390,11 +388,17 @@ class CheckPool:
                 return leases
             self._held += len(take)
             self._inbox.append((received, take))
+        self._wake_inbox()
+        return leases[len(take):]
+
+    def _wake_inbox(self) -> bool:
+        """Have the loop take the inbox; False when the loop stopped under us (close() hands back what it
+        finds there)."""
         try:
             self._loop.loop.call_soon_threadsafe(self._take_inbox)
-        except RuntimeError:  # the loop stopped under us: close() hands back what it finds
-            return leases[len(take):]
-        return leases[len(take):]
+        except RuntimeError:
+            return False
+        return True
 
     def _take_inbox(self) -> None:
         """On the loop: move submitted leases into the pending queues and start what the slots allow."""
