@@ -223,7 +223,13 @@ def test_promote_pass_takes_from_the_shared_budget_and_hands_back_the_rest(
     sent: list = []
     before = int(redis_client.time()[0])
     claimed = promote_with_settings(q, sched, sent.append, capacity=None)
+    after = int(redis_client.time()[0])
     left, second = take_promote_budget(q, 25)
     assert claimed == 10 == sum(len(m) for m in sent)
     # 25 per second: 10 used, 15 handed back (a new second, should one have begun meanwhile, has 25).
-    assert left == (15 if second == before else 25)
+    if second == before:
+        assert left == 15
+    elif second > after:
+        assert left == 25
+    else:  # a second began during the pass: its budget was used or not, by when the pass took it
+        assert left in (15, 25)
