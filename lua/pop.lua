@@ -56,12 +56,15 @@ local function fill(c, chunk)
 end
 
 local taken = {}
--- claim candidates { cursor (its .shard), member, score }: one MGET, one variadic ZADD per shard;
--- true when some were dropped (payload gone) or dead-lettered
+-- claim candidates { cursor (its .shard), member, score }: one MGET, one HMGET of stall state, one
+-- variadic ZADD per shard; true when some were dropped (payload gone) or dead-lettered
 local function take(cand)
   local pkeys = {}
   for j, c in ipairs(cand) do pkeys[j] = pprefix .. c[2] end
   local payloads = redis.call('MGET', unpack(pkeys))
+  local sfields = {}
+  for j, c in ipairs(cand) do sfields[2 * j - 1] = c[2] .. '#s'; sfields[2 * j] = c[2] .. '#q' end
+  local svals = redis.call('HMGET', K_STALLS, unpack(sfields))
   local claim, drop = {}, {}
   local dropped = false
   for j, c in ipairs(cand) do
@@ -72,18 +75,15 @@ local function take(cand)
     if payload then
       keep = true
       local stalled, stalls, alone, q = 0, 0, 0, 0
+      local mark = svals[2 * j - 1]
+      q = tonumber(svals[2 * j] or '0')
       if is_lease(score) then
         stalled = 1
-        local mark = redis.call('HGET', K_STALLS, member .. '#s')
         if mark and tonumber(mark) == score then
           q = redis.call('HINCRBY', K_STALLS, member .. '#q', 1)
           stalls = redis.call('HINCRBY', K_STALLS, member, 1)
           redis.call('HDEL', K_STALLS, member .. '#s')
-        else
-          q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
         end
-      else
-        q = tonumber(redis.call('HGET', K_STALLS, member .. '#q') or '0')
       end
       if q >= alone_at then alone = 1 end
       if stalls > max_stalled and q > alone_at then  -- the lease that stalled was checked alone

@@ -98,7 +98,7 @@ class CheckSettings:
     attempts: int
     body_cap: int
     allow_private: str
-    checks_per_process: int
+    checks_per_process: int | None
     renew_below_ms: float
     retry_base_ms: int
     retry_cap_ms: int
@@ -172,14 +172,17 @@ class Settings(BaseSettings):
     """Most routes one promote pass claims (catch-up after downtime never bursts past it)."""
     routes_per_task: int = Field(250, alias="MAGPIE_ROUTES_PER_TASK", ge=1, le=5000)
     """Leases carried by one check-task message."""
-    checks_per_process: int = Field(15_000, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
-    """Checks one check-worker process runs at once on its event loop; capped below the process's
-    file-descriptor limit (raised toward the hard limit at start; one check holds one socket), with a
-    warning saying so. Distinct from ``MAGPIE_CHECK_CONCURRENCY``, the number of check processes."""
+    checks_per_process: int | None = Field(None, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
+    """Checks one check-worker process runs at once on its event loop. Unset: the process's hard open-file
+    limit less 256, at most 20,000 (one check holds one socket). A set value is capped below the
+    file-descriptor limit (raised toward the hard limit at start), with a warning saying so. Distinct from
+    ``MAGPIE_CHECK_CONCURRENCY``, the number of check processes."""
     check_concurrency: int | None = Field(None, alias="MAGPIE_CHECK_CONCURRENCY", ge=1, le=256)
     """Celery processes of a worker that consumes the ``checks`` queue when ``--concurrency`` is not given
     (the default Procfile gives none). Unset: one per CPU core plus one, so that a process paused by its
-    garbage collector or the interpreter lock never leaves a core idle; the worker logs how it was sized."""
+    garbage collector or the interpreter lock never leaves a core idle, and more (up to four per core) when
+    a low open-file limit keeps the worker under 25,000 checks in flight per core; the worker logs how it
+    was sized."""
     check_gc_interval: float = Field(30.0, alias="MAGPIE_CHECK_GC_INTERVAL", ge=0, le=3600)
     """Seconds before the first full run of the cyclic garbage collector in a check process, whose automatic
     collections are off; later runs come as often as they find garbage (the interval doubles after a

@@ -19,6 +19,7 @@ stage, ``stage:<stage>:...`` for each of :data:`START_STAGES`.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -66,9 +67,25 @@ def counters_key(prefix: str) -> str:
     return f"{prefix}metrics:counters"
 
 
+@functools.lru_cache(maxsize=64)
+def _bucket_names(head: str, bounds: tuple[float, ...]) -> tuple[str, ...]:
+    """Field names of histogram ``head``'s buckets: one per bound, then ``+Inf``."""
+    return tuple(f"{head}:b:{b!r}" for b in bounds) + (f"{head}:b:+Inf",)
+
+
 def _bucket_field(seconds: float, bounds: Sequence[float] = LATENESS_BUCKETS, head: str = "lateness") -> str:
-    i = bisect.bisect_left(bounds, seconds)
-    return f"{head}:b:" + (repr(bounds[i]) if i < len(bounds) else "+Inf")
+    return _bucket_names(head, tuple(bounds))[bisect.bisect_left(bounds, seconds)]
+
+
+def _bucket_counts(values: Iterable[float], bounds: tuple[float, ...], head: str, per: float = 1.0
+                   ) -> dict[str, int]:
+    """Values per bucket field of histogram ``head`` (each value divided by ``per``, e.g. 1000.0 for ms
+    against bounds in seconds); empty buckets left out."""
+    counts = [0] * (len(bounds) + 1)
+    find = bisect.bisect_left
+    for v in values:
+        counts[find(bounds, v / per)] += 1
+    return {name: c for name, c in zip(_bucket_names(head, bounds), counts) if c}
 
 
 def record_check_batch(
@@ -102,15 +119,9 @@ def record_check_batch(
         pipe.hincrby(key, "stale", int(stale))
         n += 1
     if lateness_ms:
-        buckets: dict[str, int] = {}
-        total = 0.0
-        for ms in lateness_ms:
-            f = _bucket_field(ms / 1000.0)
-            buckets[f] = buckets.get(f, 0) + 1
-            total += ms
-        for f, c in buckets.items():
+        for f, c in _bucket_counts(lateness_ms, LATENESS_BUCKETS, "lateness", 1000.0).items():
             pipe.hincrby(key, f, c)
-        pipe.hincrbyfloat(key, "lateness:sum_ms", total)
+        pipe.hincrbyfloat(key, "lateness:sum_ms", float(sum(lateness_ms)))
         pipe.hincrby(key, "lateness:count", len(lateness_ms))
         n += 1
     if not n:
@@ -124,11 +135,7 @@ def record_check_batch(
 
 
 def _add_histogram(pipe, key: str, head: str, seconds: Sequence[float], bounds: Sequence[float]) -> None:
-    buckets: dict[str, int] = {}
-    for v in seconds:
-        f = _bucket_field(v, bounds, head)
-        buckets[f] = buckets.get(f, 0) + 1
-    for f, c in buckets.items():
+    for f, c in _bucket_counts(seconds, tuple(bounds), head).items():
         pipe.hincrby(key, f, c)
     pipe.hincrbyfloat(key, f"{head}:sum_ms", sum(seconds) * 1000.0)
     pipe.hincrby(key, f"{head}:count", len(seconds))

@@ -12,6 +12,7 @@ Levels, from worst to best:
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Collection, Iterator, Mapping
@@ -64,6 +65,7 @@ _TOKEN_SPLIT = re.compile(r"[\s,;]+")
 _BRACKETED = re.compile(r"^\[([^\]]+)\](?::\d+)?$")
 
 
+@functools.lru_cache(maxsize=4096)
 def normalize_ip(text: str) -> str | None:
     """Canonical text of an IP address found in ``text``, or ``None`` when it is not one.
 
@@ -101,8 +103,17 @@ def _addresses_in(value: str) -> Iterator[str]:
             yield ip
 
 
-def _own_set(own_addresses: Collection[str]) -> set[str]:
-    return {normalize_ip(a) or a.strip().lower() for a in own_addresses if a and a.strip()}
+def _own_set(own_addresses: Collection[str]) -> frozenset[str]:
+    if isinstance(own_addresses, frozenset):  # the engine's (a few per process): normalized once
+        return _own_frozen(own_addresses)
+    return _normalized(own_addresses)
+
+
+def _normalized(own_addresses: Collection[str]) -> frozenset[str]:
+    return frozenset(normalize_ip(a) or a.strip().lower() for a in own_addresses if a and a.strip())
+
+
+_own_frozen = functools.lru_cache(maxsize=16)(_normalized)
 
 
 def classify(echo: Mapping, own_addresses: Collection[str]) -> str | None:

@@ -616,7 +616,7 @@ class CheckEngine:
         """One attempt (:meth:`_timed_attempt`) with its connect and handshake times in ms: None for a
         phase not reached, and ``handshake_ms`` None too when there is none (plain HTTP to an http judge)."""
         marks: list[float] = []  # perf_counter at the start, at the TCP connect, at the handshake's end
-        att = await self._timed_attempt(route, marks)
+        att = await (self._timed_attempt(route, marks) if self._tls else self._bare_attempt(route, marks))
         if len(marks) >= 2:
             att.connect_ms = round((marks[1] - marks[0]) * 1000.0, 3)
         if len(marks) >= 3 and (self._tls or REGISTRY[route.protocol].is_socks):

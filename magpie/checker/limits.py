@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import resource
 from dataclasses import dataclass
@@ -10,6 +11,17 @@ from dataclasses import dataclass
 log = logging.getLogger(__name__)
 
 _FD_RESERVE = 256  # descriptors kept free for Redis, the broker, logs and the interpreter
+
+PER_PROCESS_MAX = 20_000
+"""Checks per process when ``MAGPIE_CHECKS_PER_PROCESS`` is unset, if the open-file limit allows (one event
+loop keeps its latency at this many checks in flight)."""
+
+SLOTS_PER_CORE = 25_000
+"""Checks in flight an automatically sized check worker aims at per core. A core runs about 3,000 checks a
+second, and on a list that is mostly dead most of them wait out a timeout of 10-20 s."""
+
+PROCESSES_PER_CORE_MAX = 4
+"""Most processes per core the automatic sizing adds when a low open-file limit caps each process."""
 
 
 def raise_nofile_limit() -> tuple[int, int]:
@@ -28,16 +40,20 @@ def raise_nofile_limit() -> tuple[int, int]:
     return soft, hard
 
 
-def checks_within_fd_limit(wanted: int, *, reserve: int = _FD_RESERVE, setting: str = "MAGPIE_CHECKS_PER_PROCESS"
-                           ) -> int:
+def checks_within_fd_limit(wanted: int | None, *, reserve: int = _FD_RESERVE,
+                           setting: str = "MAGPIE_CHECKS_PER_PROCESS") -> int:
     """Concurrent checks this process can run: ``wanted`` capped below the descriptor limit.
 
     Raises the soft ``RLIMIT_NOFILE`` toward the hard limit first (one check holds one socket). When the
-    limit is still too low, logs one warning naming ``setting`` and the limits, and returns the cap
-    (at least 1). Args: ``wanted`` >= 1 checks; ``reserve`` descriptors kept for everything else.
+    limit is still too low for a wanted number, logs one warning naming ``setting`` and the limits, and
+    returns the cap (at least 1). Args: ``wanted`` >= 1 checks, or None for the default
+    (:data:`PER_PROCESS_MAX` or the cap, whichever is lower, without a warning); ``reserve`` descriptors
+    kept for everything else.
     """
     soft, hard = raise_nofile_limit()
     cap = max(1, soft - reserve)
+    if wanted is None:
+        return min(PER_PROCESS_MAX, cap)
     if wanted > cap:
         log.warning("%s=%d exceeds the file-descriptor limit (soft %d, hard %d); running at most %d checks "
                     "at once in this process", setting, wanted, soft, hard, cap)
@@ -50,7 +66,8 @@ class CheckSizing:
     """How a check worker is sized: ``processes`` Celery processes of ``per_process`` checks each.
 
     ``cores`` and the open-file limits (``fd_soft``, ``fd_hard``, per process) are what it was sized from;
-    ``auto`` is True when the process count was chosen here, not by the operator.
+    ``auto`` is True when the process count was chosen here, not by the operator; ``auto_per_process``
+    likewise for the checks per process.
     """
 
     processes: int
@@ -59,6 +76,7 @@ class CheckSizing:
     fd_soft: int
     fd_hard: int
     auto: bool
+    auto_per_process: bool = False
 
     @property
     def slots(self) -> int:
@@ -67,22 +85,31 @@ class CheckSizing:
 
     def describe(self) -> str:
         """One log line naming the sizing and where it came from (no secrets)."""
-        how = "one per core plus one" if self.auto else "MAGPIE_CHECK_CONCURRENCY or --concurrency"
+        if not self.auto:
+            how = "MAGPIE_CHECK_CONCURRENCY or --concurrency"
+        elif self.processes > max(2, self.cores + 1):
+            how = f"enough processes for {SLOTS_PER_CORE:,} checks per core under the open-file limit"
+        else:
+            how = "one per core plus one"
+        per = (f"checks per process: the open-file limit less {_FD_RESERVE}, at most {PER_PROCESS_MAX:,}"
+               if self.auto_per_process else "checks per process: MAGPIE_CHECKS_PER_PROCESS")
         return (f"check worker sized: {self.processes} processes x {self.per_process:,} checks = "
-                f"{self.slots:,} checks in flight ({how}; {self.cores} cores, open-file limit "
-                f"{self.fd_hard:,} per process, {_FD_RESERVE} kept for the rest; override with "
-                f"MAGPIE_CHECK_CONCURRENCY and MAGPIE_CHECKS_PER_PROCESS)")
+                f"{self.slots:,} checks in flight ({how}; {per}; {self.cores} cores, open-file limit "
+                f"{self.fd_hard:,} per process; override with MAGPIE_CHECK_CONCURRENCY and "
+                f"MAGPIE_CHECKS_PER_PROCESS)")
 
 
-def size_check_worker(per_process: int, processes: int | None = None, *, cores: int | None = None,
+def size_check_worker(per_process: int | None, processes: int | None = None, *, cores: int | None = None,
                       limits: tuple[int, int] | None = None) -> CheckSizing:
     """Size a check worker from the cores and the open-file limit (pure; nothing is raised or logged).
 
     Args:
-        per_process: wanted checks per process (``MAGPIE_CHECKS_PER_PROCESS``); capped at the hard
-            open-file limit less a reserve (each process raises its soft limit to the hard one).
+        per_process: wanted checks per process (``MAGPIE_CHECKS_PER_PROCESS``), or None: the hard open-file
+            limit less a reserve, at most :data:`PER_PROCESS_MAX`. A wanted number is capped the same way
+            (each process raises its soft limit to the hard one).
         processes: wanted processes (``MAGPIE_CHECK_CONCURRENCY`` or ``--concurrency``); None: one per
-            core plus one (at least 2).
+            core plus one (at least 2), more when the open-file limit (not a wanted ``per_process``) keeps
+            them under :data:`SLOTS_PER_CORE` x cores in all, up to :data:`PROCESSES_PER_CORE_MAX` per core.
         cores: CPU cores usable by this process (default: its CPU affinity).
         limits: ``(soft, hard)`` ``RLIMIT_NOFILE`` (default: this process's).
     Returns a :class:`CheckSizing`.
@@ -94,7 +121,12 @@ def size_check_worker(per_process: int, processes: int | None = None, *, cores: 
             cores = os.cpu_count() or 1
     soft, hard = limits if limits is not None else resource.getrlimit(resource.RLIMIT_NOFILE)
     ceiling = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
-    per = max(1, min(int(per_process), ceiling - _FD_RESERVE))
+    cap = max(1, ceiling - _FD_RESERVE)
+    per = min(cap, PER_PROCESS_MAX if per_process is None else max(1, int(per_process)))
     auto = processes is None
-    n = max(2, cores + 1) if auto else int(processes)
-    return CheckSizing(n, per, cores, soft, ceiling, auto)
+    if auto:
+        wanted = math.ceil(SLOTS_PER_CORE * cores / min(cap, PER_PROCESS_MAX))  # only the limit adds any
+        n = max(2, cores + 1, min(wanted, PROCESSES_PER_CORE_MAX * cores))
+    else:
+        n = int(processes)
+    return CheckSizing(n, per, cores, soft, ceiling, auto, per_process is None)

@@ -8,9 +8,10 @@ on one event loop). The pool's own coroutines then keep the leases moving:
   since the last flush are completed and their results appended to the results stream in one atomic,
   fenced script call (``complete.lua``): a result is recorded if and only if its lease completed, and a
   slow route never holds back a fast one;
-- **renewal** once a second: leases with less than ``renew_below_ms`` left are renewed in one pipelined
-  round trip; a refused renewal (the lease was lost) cancels the check in flight at once, and a lease past
-  its expiry is cancelled too;
+- **renewal**: leases with less than ``renew_below_ms`` left are renewed in one pipelined round trip; a
+  refused renewal (the lease was lost) cancels the check in flight at once, and a lease past its expiry is
+  cancelled too. The sweep over the running slots comes within a second of the first lease needing it, and
+  at least every :data:`SWEEP_MAX_S` seconds, so its cost follows the checks, not the slots held;
 - **admission never waits on the loop or on Redis**: :meth:`CheckPool.submit` puts a message's leases in a
   thread-safe inbox and wakes the loop; it blocks only while leases of this process already wait for
   slots that are all taken (or a backlog of them waits), so a full process leaves the next messages to
@@ -77,6 +78,9 @@ from magpie.stats.entry import entry_fields
 log = logging.getLogger(__name__)
 
 _COMPLETE_CHUNK = 500  # leases per completion script call (its arguments stay well below Lua's limits)
+SWEEP_MAX_S = 5.0
+"""Longest gap in seconds between two sweeps over the running slots while none needs renewal or expires
+sooner (:meth:`CheckPool._renew`); the check guard leaves at least this much slack."""
 
 
 
@@ -251,6 +255,7 @@ class CheckPool:
         self._alone_busy = 0  # quarantined checks running
         self._alone_limit = int(isolated_checks) if isolate is not None else 1
         self._running: dict[int, _Running] = {}
+        self._sweep_at_ms = 0.0  # wall ms of the next sweep over them (_renew)
         self._done: list[tuple[Lease, Payload, CheckResult]] = []
         self._retry: list[Lease] = []
         self._handback: list[Lease] = []
@@ -483,6 +488,8 @@ class CheckPool:
         if expires - now < self._start_margin_ms:
             self._handback.append(le)
             return None
+        if expires - self.renew_below_ms < self._sweep_at_ms:
+            self._sweep_at_ms = expires - self.renew_below_ms
         self._started.append(StartTiming(le.claimed_ms, le.dispatched_ms, stamp[0], stamp[1], now,
                                          float(le.previous_score or 0) - le.server_offset_ms))
         return expires
@@ -803,28 +810,36 @@ class CheckPool:
     async def _renew_loop(self) -> None:
         while True:
             await asyncio.sleep(1.0)
+            if time.time() * 1000 < self._sweep_at_ms:
+                continue
             try:
                 await self._renew()
             except Exception:  # noqa: BLE001
+                self._sweep_at_ms = 0.0
                 log.exception("lease renewal failed")
 
     async def _renew(self) -> None:
-        """The once-a-second sweep over the running slots: cancel checks whose lease expired or was lost,
-        stop checks past their guard (:attr:`_Running.guard_at`), renew leases with less than
-        ``renew_below_ms`` left (one pipelined round trip)."""
+        """The sweep over the running slots: cancel checks whose lease expired or was lost, stop checks past
+        their guard (:attr:`_Running.guard_at`), renew leases with less than ``renew_below_ms`` left (one
+        pipelined round trip). Sets the time of the next sweep: the first renewal or expiry due, at most
+        :data:`SWEEP_MAX_S` away (:meth:`_fill` brings it forward for a lease started closer to either)."""
         due, expired, overran = [], [], []
         now = time.time() * 1000
         mono = asyncio.get_running_loop().time()
         below = self.renew_below_ms
+        soonest = now + SWEEP_MAX_S * 1000.0 + below
         for slot in list(self._running.values()):
-            left = slot.expires - now
-            if left <= 0 or slot.lease.cancelled:
+            expires = slot.expires
+            if expires <= now or slot.lease.cancelled:
                 expired.append(slot)
                 continue
-            if left < below:
+            if expires - now < below:
                 due.append(slot)
+            elif expires < soonest:
+                soonest = expires
             if 0.0 < slot.guard_at < mono and not slot.overran and slot.task is not None:
                 overran.append(slot)
+        self._sweep_at_ms = now + 1000.0 if due else soonest - below
         for slot in overran:
             slot.overran = True
             slot.task.cancel()

@@ -34,17 +34,31 @@ log = logging.getLogger(__name__)
 
 
 _MARK = """
-local again = {}
-for i = 1, #ARGV, 2 do
-  local member, token = ARGV[i], tonumber(ARGV[i + 1])
-  local held = tonumber(redis.call('ZSCORE', KEYS[2], member) or '-1')
-  local mark = redis.call('HGET', KEYS[1], member .. '#s')
-  if held ~= token or (mark and tonumber(mark) == token) then
-    again[#again + 1] = (i + 1) / 2
-  else
-    redis.call('HSET', KEYS[1], member .. '#s', ARGV[i + 1])
+local again, set, seen = {}, {}, {}
+local n = #ARGV / 2
+for lo = 1, n, 1000 do
+  local hi = math.min(lo + 999, n)
+  local members, fields = {}, {}
+  for i = lo, hi do
+    members[#members + 1] = ARGV[2 * i - 1]
+    fields[#fields + 1] = ARGV[2 * i - 1] .. '#s'
+  end
+  local held = redis.call('ZMSCORE', KEYS[2], unpack(members))
+  local marks = redis.call('HMGET', KEYS[1], unpack(fields))
+  for j = 1, hi - lo + 1 do
+    local i, member = lo + j - 1, members[j]
+    local token = tonumber(ARGV[2 * i])
+    local mark = marks[j]
+    if seen[member] or tonumber(held[j] or '-1') ~= token or (mark and tonumber(mark) == token) then
+      again[#again + 1] = i
+    else
+      seen[member] = true
+      set[#set + 1] = fields[j]
+      set[#set + 1] = ARGV[2 * i]
+    end
   end
 end
+for i = 1, #set, 1000 do redis.call('HSET', KEYS[1], unpack(set, i, math.min(i + 999, #set))) end
 return again
 """
 

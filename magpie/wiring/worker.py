@@ -45,7 +45,7 @@ def _on_init(sender=None, instance=None, conf=None, options=None, **_kw) -> None
 
 def size_check_processes(conf, given) -> None:
     """Set ``worker_concurrency`` of a check worker started without ``--concurrency``: from
-    ``MAGPIE_CHECK_CONCURRENCY``, else one process per core plus one
+    ``MAGPIE_CHECK_CONCURRENCY``, else one process per core plus one, or more under a low open-file limit
     (:func:`magpie.checker.limits.size_check_worker`); logs the sizing either way.
 
     Args: ``conf`` the Celery app's configuration; ``given`` the worker's ``--concurrency`` (None or 0:

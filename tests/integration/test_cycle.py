@@ -336,6 +336,31 @@ def test_renewal_extends_leases_of_running_checks(q):
     assert le.lease_score != first and pool.totals.completed == 1
 
 
+def test_the_sweep_waits_while_no_lease_needs_it_and_comes_early_for_one_that_does(q):
+    """With every lease far from renewal the sweep over the slots pauses up to SWEEP_MAX_S; a lease
+    started close to its renewal brings the next sweep forward, so it is renewed within about a second."""
+    from magpie.pipeline.checkpool import SWEEP_MAX_S
+
+    seed(q, [30_000, 30_000])
+    first = q.pop(1, lease_ms=600_000)[0]
+    first_score = first.lease_score
+    engine = FakeEngine()
+    pool = make_pool(q, engine, Published(q), renew_below_ms=100_000)
+    try:
+        pool.submit([first])
+        wait_until(lambda: pool._sweep_at_ms > time.time() * 1000 + 2_000, timeout=5, what="a long pause")
+        assert pool._sweep_at_ms <= time.time() * 1000 + SWEEP_MAX_S * 1000
+        late = q.pop(1, lease_ms=101_500)[0]  # due for renewal 1.5 s from now
+        score = late.lease_score
+        t0 = time.monotonic()
+        pool.submit([late])
+        wait_until(lambda: late.lease_score != score, timeout=SWEEP_MAX_S, what="the early renewal")
+        assert time.monotonic() - t0 < 3.5
+        assert first.lease_score == first_score and not first.cancelled  # far from renewal: left alone
+    finally:
+        pool.close()
+
+
 def test_stale_completion_drops_the_result(q):
     seed(q, [300])
     le = q.pop(1, lease_ms=60_000)[0]
