@@ -122,6 +122,7 @@ TARPIT_PROTOCOLS = ("http", "socks5")  # tarpit routes alternate between them
 POPULATIONS = ("live", "refused", "tarpit", "mix", "trickle")
 LAB_HOST_BASES = ("127.0.0.20", "127.0.0.40", "127.0.0.60", "127.0.0.80")
 MIN_TARPIT_PORTS = 8  # per fault lab
+TARPIT_HEADROOM = 4  # tarpit connections the labs hold, as a multiple of those open at the ideal rate
 KEEPS_UP = 0.97  # achieved/ideal at or above which the node keeps up
 
 
@@ -408,13 +409,15 @@ def limited_by(f: dict) -> str:
 
 
 def tarpit_ports_per_lab(spec: Spec, tarpits: int, n_labs: int) -> int:
-    """Listening ports per fault lab for ``tarpits`` tarpit routes: the connections open at the ideal
-    rate (``tarpits * attempts * timeout / (interval + attempts * timeout)``) must fit in 70 % of the
-    accept queues (the reaper's low mark), so a reaped connection's client gave up long ago."""
+    """Listening ports per fault lab for ``tarpits`` tarpit routes: :data:`TARPIT_HEADROOM` times the
+    connections open at the ideal rate (``tarpits * attempts * timeout / (interval + attempts * timeout)``;
+    the catch-up after the start keeps every check slot busy) must fit in 70 % of the accept queues (the
+    reaper's low mark), so a reaped connection's client gave up long ago. A port costs one listening
+    socket."""
     from magpie.lab.tarpit import REAP_LOW, somaxconn
 
     deadline = spec.attempts * spec.timeout
-    open_conns = tarpits * deadline / (spec.interval + deadline)
+    open_conns = TARPIT_HEADROOM * tarpits * deadline / (spec.interval + deadline)
     return max(MIN_TARPIT_PORTS, math.ceil(open_conns / (REAP_LOW * somaxconn()) / max(1, n_labs)))
 
 

@@ -174,7 +174,7 @@ class Settings(BaseSettings):
     """Leases carried by one check-task message."""
     checks_per_process: int | None = Field(None, alias="MAGPIE_CHECKS_PER_PROCESS", ge=1, le=1_000_000)
     """Checks one check-worker process runs at once on its event loop. Unset: the process's hard open-file
-    limit less 256, at most 20,000 (one check holds one socket). A set value is capped below the
+    limit less 5 % (at least 256), at most 20,000 (one check holds one socket). A set value is capped below the
     file-descriptor limit (raised toward the hard limit at start), with a warning saying so. Distinct from
     ``MAGPIE_CHECK_CONCURRENCY``, the number of check processes."""
     check_concurrency: int | None = Field(None, alias="MAGPIE_CHECK_CONCURRENCY", ge=1, le=256)

@@ -65,6 +65,12 @@ _RELEARN_AFTER_S = 30.0  # back-off before retrying to learn the own address aft
 _ANSWER_ERRORS = frozenset({"BadStatus", "BadEcho"})  # an answer came, but not the judge's
 _LITERALS_MAX = 262_144  # proxy IP literals whose egress verdict is kept (cleared whole when full)
 _JUDGE_RESOLVE_TTL_S = 300.0  # a judge host name is re-resolved this often (socks4 needs an address)
+OUT_OF_FDS = "TooManyOpenFiles"
+"""Error of a check that could not open a socket: this process's descriptors ran out (``EMFILE``) or the
+system's (``ENFILE``). It is the checker's fault, not the route's: the check ends with ``judge_fault`` set,
+so the pool retries the lease instead of recording a result."""
+_OUT_OF_FDS_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE})
+_OUT_OF_FDS_LOG_EVERY_S = 60.0
 
 
 @dataclass(slots=True)
@@ -339,7 +345,8 @@ class CheckEngine:
         limiter / rate: a :class:`magpie.coordination.ratelimit.BlockLimiter` (kind ``judge``) and the judge's
             requests per second across the deployment (<= 0: unlimited). Each attempt takes a token
             first; a check that cannot get one in time ends with error ``"RateLimited"`` and
-            ``judge_fault`` set (the route is retried, not recorded).
+            ``judge_fault`` set (the route is retried, not recorded), as does one that finds no file
+            descriptor left (:data:`OUT_OF_FDS`).
 
     Raises ``ValueError`` for a non-positive timeout or attempts, a negative body_cap, or a judge URL that
     is not http(s) with a host. An instance belongs to one event loop once it has run a check.
@@ -566,7 +573,9 @@ class CheckEngine:
             return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
         except ConnectionRefusedError:
             return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=True)
-        except (_NoAnswer, OSError):
+        except (_NoAnswer, OSError) as exc:
+            if getattr(exc, "errno", None) in _OUT_OF_FDS_ERRNOS:
+                return _Attempt(ok=False, error=OUT_OF_FDS, final=True)
             if len(marks) < 3:  # the proxy hung up before any answer could start
                 return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
             return _Attempt(ok=False, error="ConnectionError")
@@ -661,7 +670,9 @@ class CheckEngine:
             return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
         except ConnectionRefusedError:
             return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError", final=True)
-        except (_NoAnswer, asyncio.IncompleteReadError, EOFError, OSError):
+        except (_NoAnswer, asyncio.IncompleteReadError, EOFError, OSError) as exc:
+            if getattr(exc, "errno", None) in _OUT_OF_FDS_ERRNOS:
+                return _Attempt(ok=False, error=OUT_OF_FDS, final=True)
             if len(marks) < 3:  # the proxy hung up during its handshake (e.g. refused credentials)
                 return _Attempt(ok=False, error="SOCKSError" if socks else "ProxyError")
             return _Attempt(ok=False, error="ConnectionError")
@@ -712,6 +723,10 @@ class CheckEngine:
             if last.ok or last.final:
                 break
         assert last is not None
+        if last.error == OUT_OF_FDS:
+            self._warn_out_of_fds()
+            return CheckResult(False, None, None, made, OUT_OF_FDS, None, None, self.judge_url, now_ms(),
+                               judge_fault=True)
         anonymity = exit_ip = None
         if last.ok and last.echo is not None:
             own = await self._own_for_grading()
@@ -722,6 +737,13 @@ class CheckEngine:
             error=None if last.ok else last.error, body=self._body(last.raw, route), anonymity=anonymity,
             judge=self.judge_url, checked_at_ms=now_ms(), connect_ms=last.connect_ms,
             handshake_ms=last.handshake_ms, exit_ip=exit_ip)
+
+    def _warn_out_of_fds(self) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_fds_warned", -_OUT_OF_FDS_LOG_EVERY_S) >= _OUT_OF_FDS_LOG_EVERY_S:
+            self._fds_warned = now
+            log.warning("no file descriptor left for a check (EMFILE/ENFILE): its route is retried, not "
+                        "recorded; lower MAGPIE_CHECKS_PER_PROCESS or raise the open-file limit")
 
     # -- the judge itself ---------------------------------------------------------------------------
     async def _direct(self) -> tuple[_Attempt, str | None]:

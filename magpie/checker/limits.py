@@ -10,7 +10,14 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-_FD_RESERVE = 256  # descriptors kept free for Redis, the broker, logs and the interpreter
+_FD_RESERVE = 256  # descriptors kept free for Redis, the broker, logs and the interpreter, at least
+
+
+def fd_reserve(limit: int) -> int:
+    """Descriptors a check process keeps free under an open-file ``limit``: 256, or 5 % of the limit when
+    that is more. Beyond the process's own connections, a tarpit check opens its second attempt's socket
+    before the loop has closed the first one's, and thousands of attempts time out in one wave."""
+    return max(_FD_RESERVE, int(limit) // 20)
 
 PER_PROCESS_MAX = 20_000
 """Checks per process when ``MAGPIE_CHECKS_PER_PROCESS`` is unset, if the open-file limit allows (one event
@@ -48,10 +55,10 @@ def checks_within_fd_limit(wanted: int | None, *, reserve: int = _FD_RESERVE,
     limit is still too low for a wanted number, logs one warning naming ``setting`` and the limits, and
     returns the cap (at least 1). Args: ``wanted`` >= 1 checks, or None for the default
     (:data:`PER_PROCESS_MAX` or the cap, whichever is lower, without a warning); ``reserve`` descriptors
-    kept for everything else.
+    kept for everything else, at least :func:`fd_reserve` of the limit.
     """
     soft, hard = raise_nofile_limit()
-    cap = max(1, soft - reserve)
+    cap = max(1, soft - max(reserve, fd_reserve(soft)))
     if wanted is None:
         return min(PER_PROCESS_MAX, cap)
     if wanted > cap:
@@ -91,7 +98,8 @@ class CheckSizing:
             how = f"enough processes for {SLOTS_PER_CORE:,} checks per core under the open-file limit"
         else:
             how = "one per core plus one"
-        per = (f"checks per process: the open-file limit less {_FD_RESERVE}, at most {PER_PROCESS_MAX:,}"
+        per = (f"checks per process: the open-file limit less {fd_reserve(self.fd_hard):,}, at most "
+               f"{PER_PROCESS_MAX:,}"
                if self.auto_per_process else "checks per process: MAGPIE_CHECKS_PER_PROCESS")
         return (f"check worker sized: {self.processes} processes x {self.per_process:,} checks = "
                 f"{self.slots:,} checks in flight ({how}; {per}; {self.cores} cores, open-file limit "
@@ -105,8 +113,8 @@ def size_check_worker(per_process: int | None, processes: int | None = None, *, 
 
     Args:
         per_process: wanted checks per process (``MAGPIE_CHECKS_PER_PROCESS``), or None: the hard open-file
-            limit less a reserve, at most :data:`PER_PROCESS_MAX`. A wanted number is capped the same way
-            (each process raises its soft limit to the hard one).
+            limit less a reserve (:func:`fd_reserve`), at most :data:`PER_PROCESS_MAX`. A wanted number is
+            capped the same way (each process raises its soft limit to the hard one).
         processes: wanted processes (``MAGPIE_CHECK_CONCURRENCY`` or ``--concurrency``); None: one per
             core plus one (at least 2), more when the open-file limit (not a wanted ``per_process``) keeps
             them under :data:`SLOTS_PER_CORE` x cores in all, up to :data:`PROCESSES_PER_CORE_MAX` per core.
@@ -121,7 +129,7 @@ def size_check_worker(per_process: int | None, processes: int | None = None, *, 
             cores = os.cpu_count() or 1
     soft, hard = limits if limits is not None else resource.getrlimit(resource.RLIMIT_NOFILE)
     ceiling = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
-    cap = max(1, ceiling - _FD_RESERVE)
+    cap = max(1, ceiling - fd_reserve(ceiling))
     per = min(cap, PER_PROCESS_MAX if per_process is None else max(1, int(per_process)))
     auto = processes is None
     if auto:

@@ -131,8 +131,8 @@ class ProfiledEngine:
         eng = self.engine_for(judge, v.timeout, v.attempts, v.rule)
         started = time.monotonic()
         res = await eng.check(route, before_attempt)
-        if res.judge_fault:  # out of the judge's rate limit in time: retried, not the route's fault
-            self.rate_limited += 1
+        if res.judge_fault:  # out of the judge's rate limit in time, or of descriptors: not the route's fault
+            self.rate_limited += res.error == "RateLimited"
             self.judge_faults += 1
             return res
         if res.alive or res.error in _FINAL_ERRORS or not await eng.blame_judge(res, started):

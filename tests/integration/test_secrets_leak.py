@@ -210,7 +210,9 @@ def test_no_password_in_flower_logs_broker_messages_or_cli_output(settings, db, 
                               text=True, timeout=60)
         assert sent.returncode == 0, sent.stderr[-2000:]
         broker = _redis_dump(redis_client, f"{redis_prefix}broker:*")
-        assert "lease" in broker and "s1:" in broker, broker[:500]  # the queued message was scanned
+        from magpie.queue.seal import SEAL_PREFIX
+
+        assert "lease" in broker and SEAL_PREFIX in broker, broker[:500]  # the queued message was scanned
         stream = _redis_dump(redis_client, f"*{redis_prefix}*stream*")
 
         # every command that shows routes

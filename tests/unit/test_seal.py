@@ -12,7 +12,7 @@ import pytest
 
 from magpie.queue import Lease
 from magpie.queue.payload import Payload
-from magpie.queue.seal import FIELDS, SEAL_PREFIX, MessageSeal, SealError, describe, get_seal
+from magpie.queue.seal import FIELDS, SEAL_PREFIX, SEAL_PREFIX_V1, MessageSeal, SealError, describe, get_seal
 from magpie.base.routes import Route
 
 KEY = "unit-seal-key-0123456789"
@@ -53,6 +53,35 @@ def test_sealed_text_holds_no_credential_in_any_form():
     sealed = get_seal(KEY).seal(_leases(3))
     for form in (PASSWORD, "Sl7%2Fseal%40canary%3A4%25q", "user1", '"s":'):
         assert form not in sealed
+
+
+def _seal_v1(leases: list[dict]) -> str:
+    """A message as an earlier promote sealed it: the same JSON, not compressed, version-1 data."""
+    import binascii
+    import os
+
+    from magpie.queue import seal as mod
+
+    doc = {"f": FIELDS, "r": [[d[k] for k in FIELDS] for d in leases]}
+    nonce = os.urandom(12)
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    raw = nonce + get_seal(KEY)._aead.encrypt(nonce, body, mod._AAD)
+    return SEAL_PREFIX_V1 + binascii.b2a_base64(raw, newline=False).decode()
+
+
+def test_messages_are_compressed_and_version_one_messages_still_open():
+    leases = _leases(250)
+    sealed = get_seal(KEY).seal(leases)
+    old = _seal_v1(leases)
+    assert len(sealed) * 3 < len(old)  # repetitive payloads: zlib before the encryption
+    assert get_seal(KEY).unseal(old) == leases == get_seal(KEY).unseal(sealed)
+
+
+def test_a_message_relabelled_as_the_other_version_is_refused():
+    leases = _leases(3)
+    for sealed, other in ((get_seal(KEY).seal(leases), SEAL_PREFIX_V1), (_seal_v1(leases), SEAL_PREFIX)):
+        with pytest.raises(SealError, match="altered"):
+            get_seal(KEY).unseal(other + sealed[3:])
 
 
 def test_each_message_gets_its_own_nonce():
