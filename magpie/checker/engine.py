@@ -402,6 +402,7 @@ class CheckEngine:
         self._socks_requests: dict[tuple[bool, str], bytes] = {}  # (socks4, judge address) -> CONNECT request
         self._probe: asyncio.Future | None = None
         self._probe_at = 0.0
+        self._fds_warned = -_OUT_OF_FDS_LOG_EVERY_S  # monotonic time of the last out-of-descriptors warning
         self._probe_ok = True
         self._judge_refused_logged = -_JUDGE_REFUSED_LOG_EVERY_S
         self.limiter = limiter if rate and rate > 0 else None
@@ -740,7 +741,7 @@ class CheckEngine:
 
     def _warn_out_of_fds(self) -> None:
         now = time.monotonic()
-        if now - getattr(self, "_fds_warned", -_OUT_OF_FDS_LOG_EVERY_S) >= _OUT_OF_FDS_LOG_EVERY_S:
+        if now - self._fds_warned >= _OUT_OF_FDS_LOG_EVERY_S:
             self._fds_warned = now
             log.warning("no file descriptor left for a check (EMFILE/ENFILE): its route is retried, not "
                         "recorded; lower MAGPIE_CHECKS_PER_PROCESS or raise the open-file limit")
